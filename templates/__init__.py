@@ -1,0 +1,1 @@
+"""wide_compile.templates"""

@@ -1,0 +1,1 @@
+"""User-facing correctness checks for a transformed model."""

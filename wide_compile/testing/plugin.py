@@ -1,0 +1,1 @@
+"""pytest plugin: ``pytest --wide-model PATH_OR_ID``."""
