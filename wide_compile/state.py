@@ -1,0 +1,119 @@
+"""Runtime state that ``apply()`` attaches to a model: routed blocks, forced decisions, realized masks."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from .config import WideConfig
+
+STATE_ATTR = "_wide_state"
+ROUTERS_ATTR = "wide_routers"
+
+# A forced decision: "execute", "skip", {(layer_index, kind): mask}, or fn(block, mask_shape) -> mask.
+Forced = str | Mapping | Callable[["RoutedBlock", tuple], Tensor]
+
+
+@dataclass(eq=False)
+class RoutedBlock:
+    """One routed (layer, sublayer): where its router reads and where its mask is applied."""
+
+    layer_index: int
+    layer_path: str
+    kind: str  # "attention" or "mlp"
+    groups: int
+    group_width: int  # channels per group at the masked projection's input
+    source_path: str  # module whose first input is the router input (residual)
+    target_path: str  # projection whose input is masked (o_proj / down_proj)
+    router: nn.Module
+    mask: Tensor | None = None  # realized mask of the last forward, [..., groups]
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.layer_index, self.kind)
+
+
+@dataclass
+class SkipRateMeter:
+    """Accumulates realized skip rates over many forwards (see :func:`wide_compile.track_skip_rates`)."""
+
+    skipped: dict = field(default_factory=dict)
+    total: dict = field(default_factory=dict)
+
+    def add(self, block: RoutedBlock, mask: Tensor) -> None:
+        self.skipped[block.key] = self.skipped.get(block.key, 0.0) + float((1.0 - mask.float()).sum())
+        self.total[block.key] = self.total.get(block.key, 0) + mask.numel()
+
+    def rates(self) -> dict[tuple[int, str], float]:
+        return {k: self.skipped[k] / max(1, self.total[k]) for k in self.total}
+
+
+@dataclass(eq=False)
+class WideState:
+    """Everything ``apply()`` added to a model, kept on ``model._wide_state``."""
+
+    config: WideConfig
+    blueprint: object  # passes.blocks.ModelBlueprint
+    blocks: list[RoutedBlock]
+    root: weakref.ref
+    forced: Forced | None = None
+    meter: SkipRateMeter | None = None
+    hooks: list = field(default_factory=list)  # (path, module, handle, hook, kind)
+
+    def block(self, layer_index: int, kind: str) -> RoutedBlock:
+        for block in self.blocks:
+            if block.layer_index == layer_index and block.kind == kind:
+                return block
+        raise KeyError(f"no routed {kind} block in layer {layer_index}")
+
+
+def get_state(model: nn.Module) -> WideState:
+    """The WIDE state of a transformed model; raises a clear error for an untouched one."""
+    state = getattr(_unwrap(model), STATE_ATTR, None)
+    if state is None:
+        raise ValueError(f"{type(model).__name__} has not been transformed: call wide_compile.apply(model) first")
+    return state
+
+
+def find_state(model: nn.Module) -> WideState | None:
+    return getattr(_unwrap(model), STATE_ATTR, None)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The transformed HF model inside PEFT / compile wrappers."""
+    seen = 0
+    while STATE_ATTR not in vars(model) and seen < 6:
+        seen += 1
+        for attr in ("_orig_mod", "base_model", "model"):
+            inner = getattr(model, attr, None)
+            if isinstance(inner, nn.Module) and inner is not model:
+                model = inner
+                break
+        else:
+            break
+    return model
+
+
+def realized_masks(model: nn.Module) -> dict[tuple[int, str], Tensor]:
+    """The masks of the last forward, keyed by ``(layer_index, "attention" | "mlp")``."""
+    return {b.key: b.mask for b in get_state(model).blocks if b.mask is not None}
+
+
+def skip_rate_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """Differentiable mean skip rates of the last forward: ``{"attention", "mlp", "mean"}``.
+
+    ``mean`` averages the attention and MLP rates (each a mean over its layers), as the WIDE loss does.
+    """
+    per_kind: dict[str, list[Tensor]] = {}
+    for block in get_state(model).blocks:
+        if block.mask is not None:
+            per_kind.setdefault(block.kind, []).append(1.0 - block.mask.float().mean())
+    if not per_kind:
+        raise RuntimeError("no realized masks yet: run a forward pass first")
+    rates = {kind: torch.stack(v).mean() for kind, v in per_kind.items()}
+    rates["mean"] = torch.stack(list(rates.values())).mean()
+    return rates
