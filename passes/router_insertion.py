@@ -10,7 +10,6 @@ so base and adapter paths both see the masked input.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -46,15 +45,21 @@ def _first_tensor(args, kwargs, where: str) -> torch.Tensor:
     return x
 
 
-def _route_hook(state: WideState, blocks: list[RoutedBlock], targets: dict[str, HookEntry], source: str):
-    def hook(module, args, kwargs):
-        x = _first_tensor(args, kwargs, source)
+class RouteHook:
+    """Pre-hook on a router-source module: run the routers of its blocks on the residual."""
+
+    def __init__(self, state: WideState, blocks: list[RoutedBlock], source: str):
+        self.state, self.blocks, self.source = state, blocks, source
+
+    def __call__(self, module, args, kwargs):
+        x = _first_tensor(args, kwargs, self.source)
+        state = self.state
         if not torch.compiler.is_compiling():
-            _rebind(state, [targets[b.target_path] for b in blocks])
-        for block in blocks:
+            _rebind(state, [e for e in state.hooks if any(e.path == b.target_path for b in self.blocks)])
+        for block in self.blocks:
             if x.shape[-1] != block.router.hidden:
                 raise RuntimeError(
-                    f"wide_compile: router input at {source} has {x.shape[-1]} features, expected "
+                    f"wide_compile: router input at {self.source} has {x.shape[-1]} features, expected "
                     f"{block.router.hidden} (the residual stream)"
                 )
             block.mask = decide(state, block, x)
@@ -62,11 +67,15 @@ def _route_hook(state: WideState, blocks: list[RoutedBlock], targets: dict[str, 
                 state.meter.add(block, block.mask.detach())
         return None
 
-    return hook
 
+class MaskHook:
+    """Pre-hook on an output / down projection: zero each token's inactive groups of its input."""
 
-def _mask_hook(block: RoutedBlock):
-    def hook(module, args, kwargs):
+    def __init__(self, block: RoutedBlock):
+        self.block = block
+
+    def __call__(self, module, args, kwargs):
+        block = self.block
         x = _first_tensor(args, kwargs, block.target_path)
         mask = block.mask
         if mask is None:
@@ -83,11 +92,9 @@ def _mask_hook(block: RoutedBlock):
         key = "hidden_states" if "hidden_states" in kwargs else "input"
         return args, {**kwargs, key: masked}
 
-    return hook
-
 
 def _rebind(state: WideState, entries: list[HookEntry]) -> None:
-    root = state.root()
+    root = state.root
     for entry in entries:
         current = root.get_submodule(entry.path)
         if current is not entry.module:
@@ -104,18 +111,19 @@ def install(model: nn.Module, blueprint: ModelBlueprint, config: WideConfig,
                     GroupRouter(blueprint.hidden_size, s.groups, config.router_rank, dtype=router_dtype, device=device))
         for s in specs
     ]
-    state = WideState(config=config, blueprint=blueprint, blocks=blocks, root=weakref.ref(model))
+    for block in blocks:
+        block.router.train(model.training)  # follow the model's mode (eval: deterministic argmax)
+    state = WideState(config=config, blueprint=blueprint, blocks=blocks, root=model)
     try:
         for layer_path in dict.fromkeys(b.layer_path for b in blocks):
             routers = nn.ModuleDict({b.kind: b.router for b in blocks if b.layer_path == layer_path})
             model.get_submodule(layer_path).add_module(ROUTERS_ATTR, routers)
-        targets = {b.target_path: HookEntry(b.target_path, None, _mask_hook(b)) for b in blocks}
+        targets = {b.target_path: HookEntry(b.target_path, None, MaskHook(b)) for b in blocks}
         for entry in targets.values():
             entry.bind(model.get_submodule(entry.path))
         state.hooks.extend(targets.values())
         for source in dict.fromkeys(b.source_path for b in blocks):
-            entry = HookEntry(source, None, _route_hook(state, [b for b in blocks if b.source_path == source],
-                                                         targets, source))
+            entry = HookEntry(source, None, RouteHook(state, [b for b in blocks if b.source_path == source], source))
             entry.bind(model.get_submodule(source))
             state.hooks.append(entry)
         setattr(model, STATE_ATTR, state)

@@ -247,6 +247,9 @@ def _convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     out_dir.mkdir(parents=True)
     plain.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    for path in out_dir.iterdir():  # safetensors writes 0600 files; a shared cache should be world-readable
+        path.chmod(0o644)
+    out_dir.chmod(0o755)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

@@ -58,8 +58,10 @@ router_logits.register_autograd(_router_backward, setup_context=_router_setup)
 
 
 def _execute_prob(logits: Tensor, noise: Tensor | None, tau: Tensor) -> Tensor:
-    z = logits.float() if noise is None else logits.float() + noise.float()
-    return torch.sigmoid((z[..., 1] - z[..., 0]) / tau.float())
+    """softmax((logits + noise) / tau)[..., 1], computed in at least float32."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    z = logits.to(dtype) if noise is None else logits.to(dtype) + noise.to(dtype)
+    return torch.sigmoid((z[..., 1] - z[..., 0]) / tau.to(dtype))
 
 
 @torch.library.custom_op("wide::threshold_gate", mutates_args=())
@@ -106,7 +108,7 @@ def _gate_setup(ctx, inputs, output):
 def _gate_backward(ctx, grad):
     logits, noise, tau = ctx.saved_tensors
     p = _execute_prob(logits, noise if ctx.has_noise else None, tau)
-    d_margin = grad.float() * p * (1 - p) / tau.float()
+    d_margin = grad.to(p.dtype) * p * (1 - p) / tau.to(p.dtype)
     g = torch.stack([-d_margin, d_margin], dim=-1).to(logits.dtype)
     return g, None, None
 

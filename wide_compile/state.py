@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -59,7 +58,7 @@ class WideState:
     config: WideConfig
     blueprint: object  # passes.blocks.ModelBlueprint
     blocks: list[RoutedBlock]
-    root: weakref.ref
+    root: nn.Module = field(repr=False)  # the transformed model (strong ref: deepcopy maps it to the copy)
     forced: Forced | None = None
     meter: SkipRateMeter | None = None
     hooks: list = field(default_factory=list)  # (path, module, handle, hook, kind)
@@ -84,17 +83,18 @@ def find_state(model: nn.Module) -> WideState | None:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """The transformed HF model inside PEFT / compile wrappers."""
-    seen = 0
-    while STATE_ATTR not in vars(model) and seen < 6:
-        seen += 1
-        for attr in ("_orig_mod", "base_model", "model"):
-            inner = getattr(model, attr, None)
-            if isinstance(inner, nn.Module) and inner is not model:
-                model = inner
-                break
-        else:
-            break
+    """The transformed HF model inside PEFT / torch.compile wrappers (breadth-first over wrapper attrs)."""
+    frontier = [model]
+    for _ in range(4):
+        nxt = []
+        for candidate in frontier:
+            if STATE_ATTR in vars(candidate):
+                return candidate
+            for attr in ("_orig_mod", "model", "base_model"):
+                inner = vars(candidate).get("_modules", {}).get(attr) or vars(candidate).get(attr)
+                if isinstance(inner, nn.Module) and inner is not candidate:
+                    nxt.append(inner)
+        frontier = nxt
     return model
 
 

@@ -1,0 +1,92 @@
+"""Router semantics on a real (tiny) model: argmax in eval, exact top-k budget, Gumbel in training."""
+
+import copy
+
+import pytest
+import torch
+
+import wide_compile
+from wide_compile.testing.tiny_models import tiny_model
+
+IDS = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+
+
+def _residuals(model):
+    """Capture every router input with plain hooks on the source modules."""
+    seen, handles = {}, []
+    for block in wide_compile.state.get_state(model).blocks:
+        module = model.get_submodule(block.source_path)
+        handles.append(module.register_forward_pre_hook(
+            lambda m, args, key=block.key: seen.__setitem__(key, args[0].detach().clone())))
+    return seen, handles
+
+
+def test_eval_mask_is_argmax_of_router_logits_on_the_residual():
+    model = wide_compile.apply(tiny_model("llama"), ffn_group_size=32)
+    seen, handles = _residuals(model)
+    with torch.no_grad():
+        model(IDS)
+    for h in handles:
+        h.remove()
+    for block in wide_compile.state.get_state(model).blocks:
+        r = block.router
+        x = seen[block.key].float()
+        logits = ((x @ r.w_in.T + r.b_in) @ r.w_out.T + r.b_out).view(*x.shape[:-1], block.groups, 2)
+        assert torch.equal(block.mask, (logits[..., 1] >= logits[..., 0]).float()), block.key
+
+
+def test_eval_is_deterministic_and_training_is_stochastic():
+    model = wide_compile.apply(tiny_model("mistral"), ffn_group_size=32)
+    with torch.no_grad():
+        a, b = model(IDS).logits, model(IDS).logits
+        assert torch.equal(a, b)
+        model.train()
+        wide_compile.set_temperature(model, 5.0)
+        masks = []
+        for _ in range(3):
+            model(IDS)
+            masks.append(torch.cat([m.flatten() for m in wide_compile.realized_masks(model).values()]))
+    assert not all(torch.equal(masks[0], m) for m in masks[1:])
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.25, 0.5, 0.75])
+def test_topk_budget_keeps_exactly_k_groups_per_token(sparsity):
+    model = wide_compile.apply(tiny_model("qwen2"), sparsity=sparsity, budget="topk", ffn_group_size=16)
+    with torch.no_grad():
+        model(IDS)
+    for block in wide_compile.state.get_state(model).blocks:
+        kept = block.mask.sum(-1)
+        assert torch.all(kept == round((1 - sparsity) * block.groups)), (block.key, kept.unique())
+
+
+def test_track_skip_rates_accumulates_over_forwards():
+    model = wide_compile.apply(tiny_model("llama"), ffn_group_size=32)
+    with torch.no_grad(), wide_compile.track_skip_rates(model) as meter:
+        model(IDS)
+        first = dict(meter.total)
+        model(IDS[:1])
+    assert all(meter.total[k] > first[k] for k in first)
+    assert all(0.0 <= r <= 1.0 for r in meter.rates().values())
+
+
+def test_forced_skip_zeroes_every_block_and_bad_forced_masks_fail():
+    model = wide_compile.apply(tiny_model("llama"), ffn_group_size=32)
+    with torch.no_grad(), wide_compile.forced(model, "skip"):
+        model(IDS)
+    assert wide_compile.skip_rates(model)["mean"] == 1.0
+    with pytest.raises(ValueError, match="expected"), wide_compile.forced(model, {(0, "attention"): torch.ones(3)}):
+        model(IDS)
+    with pytest.raises(ValueError, match="forced decisions"):
+        wide_compile.set_forced(model, "sometimes")
+
+
+def test_deepcopy_gives_an_independent_wide_model():
+    model = wide_compile.apply(tiny_model("llama"), ffn_group_size=32)
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        for r in wide_compile.routers(clone):
+            r.b_out.copy_(torch.tensor([10.0, -10.0]).repeat(r.groups))  # clone: always skip
+        clone(IDS)
+        model(IDS)
+    assert wide_compile.skip_rates(clone)["mean"] == 1.0
+    assert wide_compile.skip_rates(model)["mean"] < 1.0
