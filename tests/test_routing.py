@@ -90,3 +90,17 @@ def test_deepcopy_gives_an_independent_wide_model():
         model(IDS)
     assert wide_compile.skip_rates(clone)["mean"] == 1.0
     assert wide_compile.skip_rates(model)["mean"] < 1.0
+
+
+def test_apply_on_a_meta_llama3_8b_shape_adds_under_half_a_percent_of_parameters():
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256)
+    with torch.device("meta"):  # no memory: discovery traces with fake tensors
+        model = AutoModelForCausalLM.from_config(config)
+    wide_compile.apply(model)
+    rows = wide_compile.describe(model, print_table=False)
+    assert {r["groups"] for r in rows if r["block"] == "attention"} == {8}
+    assert {r["groups"] for r in rows if r["block"] == "mlp"} == {14336 // 128}
+    assert wide_compile.router_parameter_fraction(model) < 0.005

@@ -16,6 +16,7 @@ from .api import (
     forced,
     is_applied,
     remove,
+    router_parameter_fraction,
     router_parameters,
     routers,
     set_forced,
@@ -29,6 +30,6 @@ from .state import realized_masks, skip_rate_tensors
 
 __all__ = [
     "WideConfig", "WideError", "apply", "load", "load_routers", "save", "config_of", "describe", "forced", "is_applied", "realized_masks",
-    "remove", "router_parameters", "routers", "set_forced", "set_temperature", "skip_rate_tensors", "skip_rates",
+    "remove", "router_parameter_fraction", "router_parameters", "routers", "set_forced", "set_temperature", "skip_rate_tensors", "skip_rates",
     "track_skip_rates",
 ]

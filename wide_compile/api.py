@@ -156,6 +156,13 @@ def router_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for r in routers(model) for p in r.parameters()]
 
 
+def router_parameter_fraction(model: nn.Module) -> float:
+    """Router parameters as a fraction of the base model's parameters."""
+    routers_n = sum(p.numel() for p in router_parameters(model))
+    total = sum(p.numel() for p in model.parameters())
+    return routers_n / max(1, total - routers_n)
+
+
 def skip_rates(model: nn.Module) -> dict:
     """Realized skip rates of the last forward: per ``(layer, kind)``, per kind and overall mean."""
     from .state import realized_masks
