@@ -104,3 +104,21 @@ def test_apply_on_a_meta_llama3_8b_shape_adds_under_half_a_percent_of_parameters
     assert {r["groups"] for r in rows if r["block"] == "attention"} == {8}
     assert {r["groups"] for r in rows if r["block"] == "mlp"} == {14336 // 128}
     assert wide_compile.router_parameter_fraction(model) < 0.005
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "phi3"])
+def test_padded_batches_with_attention_mask_and_generate(family):
+    base = tiny_model(family)
+    wide = wide_compile.apply(copy.deepcopy(base), ffn_group_size=32)
+    ids = IDS.clone()
+    attention_mask = torch.ones_like(ids)
+    attention_mask[0, :3] = 0  # left padding on the first row
+    ids[0, :3] = 0
+    with torch.no_grad():
+        ref = base(ids, attention_mask=attention_mask).logits
+        with wide_compile.forced(wide, "execute"):
+            out = wide(ids, attention_mask=attention_mask).logits
+        torch.testing.assert_close(out[attention_mask.bool()], ref[attention_mask.bool()], rtol=1e-5, atol=1e-5)
+        routed = wide.generate(ids, attention_mask=attention_mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert routed.shape == (2, ids.shape[1] + 4)
+    assert all(m.shape[-1] == b.groups for b in wide_compile.state.get_state(wide).blocks for m in [b.mask])
