@@ -30,14 +30,35 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "cohere": ("cohere", dict(intermediate_size=128, num_key_value_heads=2)),
 }
 
+# More families, checked for discovery + all-execute exactness only (keeps the suite fast).
+EXTRA_FAMILIES: dict[str, tuple[str, dict]] = {
+    "starcoder2": ("starcoder2", dict(intermediate_size=128, num_key_value_heads=2)),
+    "gpt_bigcode": ("gpt_bigcode", dict(n_embd=64, n_layer=2, n_head=4, multi_query=True)),
+    "codegen": ("codegen", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8)),
+    "mpt": ("mpt", dict(d_model=64, n_layers=2, n_heads=4)),
+    "persimmon": ("persimmon", dict(intermediate_size=128)),
+    "nemotron": ("nemotron", dict(intermediate_size=128, num_key_value_heads=2)),
+    "olmo": ("olmo", dict(intermediate_size=128, num_key_value_heads=2)),
+    "smollm3": ("smollm3", dict(intermediate_size=128, num_key_value_heads=2)),
+    "glm": ("glm", dict(intermediate_size=128, num_key_value_heads=2)),
+    "helium": ("helium", dict(intermediate_size=128, num_key_value_heads=2, head_dim=16)),
+}
+
+# Families whose blocks discovery must refuse with a clear error (mixture-of-experts MLPs).
+UNSUPPORTED_FAMILIES: dict[str, tuple[str, dict]] = {
+    "mixtral": ("mixtral", dict(intermediate_size=128, num_key_value_heads=2, num_local_experts=4,
+                                num_experts_per_tok=2)),
+}
+
 
 def tiny_config(family: str):
     """A tiny config of ``family`` (see :data:`FAMILIES`)."""
     from transformers import AutoConfig
 
-    if family not in FAMILIES:
-        raise KeyError(f"unknown family {family!r}; known: {sorted(FAMILIES)}")
-    model_type, overrides = FAMILIES[family]
+    known = {**FAMILIES, **EXTRA_FAMILIES, **UNSUPPORTED_FAMILIES}
+    if family not in known:
+        raise KeyError(f"unknown family {family!r}; known: {sorted(known)}")
+    model_type, overrides = known[family]
     config = AutoConfig.for_model(model_type, **{**_COMMON, **overrides})
     for attr in ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout",
                  "dropout", "activation_dropout", "summary_first_dropout"):
