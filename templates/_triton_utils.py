@@ -1,0 +1,80 @@
+"""Small helpers shared by the group-skipping linear kernels (Triton availability, interpreter mode)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # Triton is optional: without it every entry point uses the PyTorch reference.
+    import triton  # noqa: F401
+    import triton.language as tl  # noqa: F401
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only on machines without Triton
+    HAS_TRITON = False
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def can_run_triton(t: torch.Tensor) -> bool:
+    """Whether a Triton kernel can run on tensors living on ``t.device``."""
+    if not HAS_TRITON:
+        return False
+    if t.device.type == "cuda":
+        return True
+    return t.device.type == "cpu" and interpreting()
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (and >= 1)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def largest_pow2_divisor(n: int, cap: int) -> int:
+    """Largest power of two that divides ``n`` and is <= ``cap``."""
+    p = 1
+    while p * 2 <= cap and n % (p * 2) == 0:
+        p *= 2
+    return p
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+
+if HAS_TRITON:
+
+    @triton.jit
+    def swizzle_n_major(pid, num_m, num_n, GROUP_N: tl.constexpr):
+        """Program id -> (m tile, n tile), GROUP_N n tiles side by side, sweeping m tiles (L2 reuse)."""
+        width = GROUP_N * num_m
+        first_n = (pid // width) * GROUP_N
+        size_n = tl.minimum(num_n - first_n, GROUP_N)
+        local = pid % width
+        return local // size_n, first_n + local % size_n
+
+    @triton.jit
+    def swizzle_m_major(pid, num_m, num_n, GROUP_M: tl.constexpr):
+        """Program id -> (m tile, n tile), GROUP_M m tiles side by side, sweeping n tiles (L2 reuse)."""
+        width = GROUP_M * num_n
+        first_m = (pid // width) * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        local = pid % width
+        return first_m + local % size_m, local // size_m
+
+    @triton.jit
+    def activation_fn(v, ACTIVATION: tl.constexpr):
+        """silu (0), exact gelu (1) or tanh-approximated gelu (2) of an fp32 tile."""
+        if ACTIVATION == 0:
+            out = v * tl.sigmoid(v)
+        elif ACTIVATION == 1:
+            out = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
+        else:
+            inner = 0.7978845608028654 * (v + 0.044715 * v * v * v)
+            out = v * tl.sigmoid(2.0 * inner)  # 0.5 * (1 + tanh(z)) == sigmoid(2 z)
+        return out

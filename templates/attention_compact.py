@@ -1,0 +1,60 @@
+"""Per-(batch, group) compaction of active query rows: the row order the prefill kernel's tiles walk.
+
+``order[b, g, :]`` lists the original token indices with the group's **active** tokens first, in ascending position
+order, followed by the inactive ones (in descending order; the prefill kernel only writes zeros through those).
+``count[b, g]`` is the number of active tokens. One Triton program per (batch, group) scans the mask once with a
+running prefix sum, so the whole step is a single launch (the PyTorch version below takes about ten).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["compact_active_rows", "compact_active_rows_reference"]
+
+
+@triton.jit
+def _compact_kernel(
+    MASK, ORDER, COUNT, stride_mb, stride_mt, stride_mg, num_groups, q_len, BLOCK: tl.constexpr,
+):
+    bg = tl.program_id(0)
+    b = bg // num_groups
+    g = bg % num_groups
+    mask_base = MASK + b.to(tl.int64) * stride_mb + g * stride_mg
+    order_base = ORDER + bg.to(tl.int64) * q_len
+    n_active = tl.sum(tl.zeros([BLOCK], dtype=tl.int32), 0)  # scalar running count of active tokens
+    for start in range(0, q_len, BLOCK):
+        t = start + tl.arange(0, BLOCK)
+        in_range = t < q_len
+        flag = (tl.load(mask_base + t * stride_mt, mask=in_range, other=0) != 0) & in_range
+        f = flag.to(tl.int32)
+        active_before = n_active + tl.cumsum(f, 0) - f  # active tokens before t
+        dest = tl.where(flag, active_before, q_len - 1 - (t - active_before))
+        tl.store(order_base + dest, t, mask=in_range)
+        n_active += tl.sum(f, 0)
+    tl.store(COUNT + bg, n_active)
+
+
+def compact_active_rows(head_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(order[B, G, T] int32, count[B, G] int32)`` for ``head_mask[B, T, G]`` (nonzero = active)."""
+    batch, q_len, groups = head_mask.shape
+    mask = head_mask.view(torch.uint8) if head_mask.dtype == torch.bool else head_mask
+    order = torch.empty((batch, groups, q_len), dtype=torch.int32, device=head_mask.device)
+    count = torch.empty((batch, groups), dtype=torch.int32, device=head_mask.device)
+    block = min(1024, max(32, triton.next_power_of_2(q_len)))
+    _compact_kernel[(batch * groups,)](
+        mask, order, count, mask.stride(0), mask.stride(1), mask.stride(2), groups, q_len, BLOCK=block, num_warps=4
+    )
+    return order, count
+
+
+def compact_active_rows_reference(head_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch version: active tokens ascending, then inactive tokens descending; and the active counts."""
+    active = (head_mask != 0).transpose(1, 2)  # [B, G, T]
+    q_len = active.shape[-1]
+    t = torch.arange(q_len, device=head_mask.device).expand_as(active)
+    key = torch.where(active, t, 2 * q_len - t)  # actives sort first (ascending), inactives after (descending)
+    order = torch.sort(key, dim=-1).indices.to(torch.int32)
+    return order, active.sum(dim=-1, dtype=torch.int32)

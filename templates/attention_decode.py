@@ -1,0 +1,310 @@
+"""Decode kernel for head-group-masked attention: split-KV (flash-decoding) with a reduction.
+
+For T = 1..16 new tokens per sequence and long KV caches the work is bound by reading K/V. One program handles a
+(batch, KV head, KV chunk): its rows are every (query head sharing that KV head, new token) pair, so K/V of the chunk
+are read once for all of them (GQA packing). If no row of the program is active (all its query heads are masked off
+for all its tokens) the program reads nothing: that is where the skipped (batch, group) pairs save bandwidth.
+
+Partial results (``acc / l`` and ``lse`` in the log2 domain, fp32) of the chunks are combined by a small reduction
+kernel that also writes exact zeros for inactive rows. With a single chunk the split kernel writes the output directly
+and no reduction is launched. Both launches take no host synchronisation, so decode steps capture into CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, interpreting
+
+__all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
+
+_LOG2E = 1.4426950408889634
+MAX_DECODE_ROWS = 128  # (query heads per KV head) x (new tokens) handled by one program
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, MASK, O, PART_O, PART_LSE,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_mb, stride_mt, stride_mg,
+    stride_ob, stride_oh, stride_ot,
+    num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
+    Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    split = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = bk // num_kv_heads
+    kvh = bk % num_kv_heads
+
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    dmask = offs_d < HEAD_DIM
+    n_rows = Q_PER_KV * q_len
+    row_ok = offs_r < n_rows
+    head = kvh * Q_PER_KV + offs_r // q_len  # row r = (query head of this KV head, new token)
+    tok = offs_r % q_len
+    flag = tl.load(MASK + b * stride_mb + tok * stride_mt + (head // heads_per_group) * stride_mg, mask=row_ok, other=0)
+    active = (flag != 0) & row_ok
+    any_active = tl.max(active.to(tl.int32), axis=0) > 0
+    o_ptrs = O + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + tok[:, None] * stride_ot + offs_d[None, :]
+    io_mask = row_ok[:, None] & dmask[None, :]
+
+    if any_active:
+        q_ptrs = Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + tok[:, None] * stride_qt + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=io_mask, other=0.0)
+        k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
+        q_pos = kv_len - q_len + tok
+        start = split * chunk
+        end = tl.minimum(start + chunk, kv_len)
+        m_i = tl.zeros([BLOCK_R], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+        for start_n in range(start, end, BLOCK_N):
+            cols = start_n + offs_n
+            col_ok = cols < end
+            k = tl.load(
+                k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0
+            )
+            qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
+            valid = col_ok[None, :]
+            if IS_CAUSAL:
+                valid = valid & (cols[None, :] <= q_pos[:, None])
+            qk = tl.where(valid, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet stays at 0
+            p = tl.math.exp2(qk - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0
+            )
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+            m_i = m_new
+        has_keys = l_i > 0
+        o_part = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        if DIRECT_OUT:
+            o_part = tl.where(active[:, None], o_part, 0.0)
+            tl.store(o_ptrs, o_part.to(O.dtype.element_ty), mask=io_mask)
+        else:
+            lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+            part_row = (bk * num_splits + split).to(tl.int64) * n_rows + offs_r
+            tl.store(PART_LSE + part_row, lse, mask=row_ok)
+            tl.store(PART_O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=io_mask)
+    else:
+        if DIRECT_OUT:
+            tl.store(o_ptrs, tl.zeros([BLOCK_R, BLOCK_D], dtype=O.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    PART_O, PART_LSE, MASK, O,
+    stride_mb, stride_mt, stride_mg,
+    stride_ob, stride_oh, stride_ot,
+    num_kv_heads, q_len, num_splits, heads_per_group,
+    Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P2: tl.constexpr,
+):
+    row = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = bk // num_kv_heads
+    kvh = bk % num_kv_heads
+    head = kvh * Q_PER_KV + row // q_len
+    tok = row % q_len
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    o_ptrs = O + b.to(tl.int64) * stride_ob + head * stride_oh + tok * stride_ot + offs_d
+    flag = tl.load(MASK + b * stride_mb + tok * stride_mt + (head // heads_per_group) * stride_mg)
+    if flag != 0:
+        n_rows = Q_PER_KV * q_len
+        offs_s = tl.arange(0, SPLITS_P2)
+        split_ok = offs_s < num_splits
+        part_row = (bk * num_splits + offs_s).to(tl.int64) * n_rows + row
+        lse = tl.load(PART_LSE + part_row, mask=split_ok, other=float("-inf"))
+        weight = tl.math.exp2(lse - tl.max(lse, 0))  # every active row sees key 0, so the max is finite
+        parts = tl.load(
+            PART_O + part_row[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=(split_ok & (weight > 0))[:, None] & dmask[None, :], other=0.0,
+        )
+        out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=dmask)
+    else:
+        tl.store(o_ptrs, tl.zeros([BLOCK_D], dtype=O.dtype.element_ty), mask=dmask)
+
+
+# Launch configs of the split kernel. No autotuner: it would tune on L2-resident inputs, on whichever shape comes
+# first, and cannot run inside a CUDA-graph capture. Rule from the H200 sweep (benchmarks/notes_attention.md):
+# few programs (latency-bound launches) want many bytes in flight per program (BLOCK_N=128, 3 stages); many programs
+# with short chunks want more resident programs per SM (BLOCK_N=64, 2 stages, ~40 KB of shared memory).
+_FEW_PROGRAMS = (128, 4, 3)  # (BLOCK_N, num_warps, num_stages) when programs <= 2 per SM
+_SHORT_CHUNKS = (64, 4, 2)  # chunk <= 1024 keys and more than 4 programs per SM
+_LONG_CHUNKS = (64, 4, 3)
+_INTERPRET_META = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+PROGRAMS_PER_SM = 16
+MIN_CHUNK = 512
+SHORT_KV = 1024  # caches up to this length: see choose_num_splits
+DIRECT_MIN_PAIRS = 64  # ... with at least this many (batch, KV head) pairs skip the reduction launch
+SHORT_KV_CHUNK = 256  # ... with fewer pairs split into chunks of this many keys
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def decode_config(chunk: int, programs: int, sm_count: int, head_dim: int = 128, elem_size: int = 2) -> dict:
+    """``{"BLOCK_N", "num_warps", "num_stages"}`` for ``programs`` split programs reading ``chunk`` keys each.
+
+    ``BLOCK_N`` and then the stage count shrink until the pipelined K/V tiles fit in ~160 KB of shared memory
+    (this kernel's mma.sync pipeline keeps ``num_stages - 1`` K/V buffers: 139 KB at BLOCK_N=128, 3 stages, D=128
+    bf16 in the sm_90 compile report of benchmarks/attention_aot_report.py).
+    """
+    if interpreting():
+        return dict(_INTERPRET_META)
+    if programs <= 2 * sm_count:
+        block_n, warps, stages = _FEW_PROGRAMS
+    elif chunk <= 1024 and programs > 4 * sm_count:
+        block_n, warps, stages = _SHORT_CHUNKS
+    else:
+        block_n, warps, stages = _LONG_CHUNKS
+    tile = max(16, triton.next_power_of_2(head_dim)) * elem_size * 2  # one key row of K plus V
+    while block_n > 32 and (stages - 1) * block_n * tile > 160 * 1024:
+        block_n //= 2
+    while stages > 2 and (stages - 1) * block_n * tile > 160 * 1024:
+        stages -= 1
+    return {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+
+
+def choose_num_splits(
+    batch_kv: int, kv_len: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM,
+    min_chunk: int = MIN_CHUNK,
+) -> tuple[int, int]:
+    """Pick ``(num_splits, chunk)``.
+
+    Short caches (``kv_len <= SHORT_KV``) are latency-bound: with many (batch, KV head) pairs one chunk per pair
+    saves the reduction launch; with few pairs, chunks of 256 keys spread the reads over more SMs (H200, Llama-3-8B
+    shapes: B=16 S=1k 20 us direct vs 23 us split; B=1 S=1k 8.6 us with 256-key chunks, 12.5 us with 512-key chunks,
+    14 us with one chunk; benchmarks/notes_attention.md). Longer caches
+    target many programs per SM (default 16), which keeps the last wave short when masks skip a random part of the
+    pairs, with chunks of at least ``min_chunk`` keys to keep the per-program prologue and partial results small.
+    """
+    align = 32 if interpreting() else 128
+    if interpreting():
+        min_chunk = 32
+    elif kv_len <= SHORT_KV:
+        if batch_kv >= DIRECT_MIN_PAIRS:
+            return 1, triton.cdiv(kv_len, align) * align
+        min_chunk = SHORT_KV_CHUNK
+    target_programs = programs_per_sm * _device_sm_count(device) if device.type == "cuda" else 8
+    splits = max(1, min(triton.cdiv(target_programs, batch_kv), triton.cdiv(kv_len, min_chunk), _MAX_SPLITS))
+    chunk = triton.cdiv(triton.cdiv(kv_len, splits), align) * align
+    return triton.cdiv(kv_len, chunk), chunk
+
+
+def _mask_for_kernel(head_mask: torch.Tensor) -> torch.Tensor:
+    """Bool masks are read as bytes (zero-copy); other dtypes are read as they are and compared with zero."""
+    return head_mask.view(torch.uint8) if head_mask.dtype == torch.bool else head_mask
+
+
+def launch_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
+    dims: AttentionDims, causal: bool, num_splits: int | None = None, config: dict | None = None,
+) -> None:
+    """Run split + reduce into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
+
+    ``num_splits`` overrides the chunk-count heuristic, ``config`` (``BLOCK_N``, ``num_warps``, ``num_stages``) the
+    launch config; both exist for tests and the benchmark's sweep.
+    """
+    rows = dims.q_per_kv * dims.q_len
+    if rows > MAX_DECODE_ROWS:
+        raise ValueError(
+            f"group_attention_decode: (query heads per KV head) x T = {rows} exceeds {MAX_DECODE_ROWS}; "
+            "use group_attention_prefill"
+        )
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if interpreting() and q.dtype == torch.bfloat16:  # the interpreter mis-computes bf16: run in fp32
+        staging = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        launch_decode(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, num_splits, config)
+        out.copy_(staging)
+        return
+    mask = _mask_for_kernel(head_mask)
+    batch_kv = dims.batch * dims.num_kv_heads
+    if num_splits is None:
+        num_splits, chunk = choose_num_splits(batch_kv, dims.kv_len, q.device)
+    else:
+        align = 32 if interpreting() else 128
+        chunk = triton.cdiv(triton.cdiv(dims.kv_len, max(1, int(num_splits))), align) * align
+        num_splits = triton.cdiv(dims.kv_len, chunk)
+    direct = num_splits == 1
+    block_d = max(16, triton.next_power_of_2(dims.head_dim))
+    block_r = max(16, triton.next_power_of_2(rows))
+    if direct:
+        part_o = part_lse = out  # unused by the kernel in this mode
+    else:
+        part_o = torch.empty((batch_kv, num_splits, rows, dims.head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((batch_kv, num_splits, rows), dtype=torch.float32, device=q.device)
+    args = (
+        q, k, v, mask, out, part_o, part_lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        mask.stride(0), mask.stride(1), mask.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        dims.num_kv_heads, dims.q_len, dims.kv_len, chunk, num_splits, dims.heads_per_group,
+        dims.scale * _LOG2E,
+    )
+    meta = {
+        "Q_PER_KV": dims.q_per_kv, "HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "BLOCK_R": block_r,
+        "IS_CAUSAL": causal, "DIRECT_OUT": direct,
+        "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+    }
+    if config is None:
+        sms = _device_sm_count(q.device)
+        config = decode_config(chunk, num_splits * batch_kv, sms, dims.head_dim, q.element_size())
+    _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config)
+    if not direct:
+        _decode_reduce_kernel[(rows, batch_kv)](
+            part_o, part_lse, mask, out,
+            mask.stride(0), mask.stride(1), mask.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            dims.num_kv_heads, dims.q_len, num_splits, dims.heads_per_group,
+            Q_PER_KV=dims.q_per_kv, HEAD_DIM=dims.head_dim, BLOCK_D=block_d,
+            SPLITS_P2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+        )
+
+
+def group_attention_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    head_mask: torch.Tensor,
+    causal: bool = True,
+    scale: float | None = None,
+    merge_heads: bool = False,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Head-group-masked attention with the split-KV decode kernel (few new tokens, long KV).
+
+    Needs ``(Hq // Hkv) * T <= 128``. ``num_splits`` overrides the KV-chunk count heuristic. Returns ``o[B, Hq, T, D]``
+    or ``[B, T, Hq * D]`` with ``merge_heads=True``; see :func:`wide_compile.templates.attention.group_attention`.
+    """
+    dims = check_attention_inputs(q, k, v, head_mask, causal, scale)
+    result, view = allocate_output(q, dims, merge_heads, out)
+    if dims.q_len > 0:
+        launch_decode(q, k, v, head_mask, view, dims, causal, num_splits)
+    return result

@@ -1,0 +1,238 @@
+"""Prefill kernel for head-group-masked attention: flash-attention forward with per-group row compaction.
+
+Scheme (one idea): for every (batch, group) the active query rows are **compacted** to the front, in ascending
+position order (one small Triton launch, :mod:`wide_compile.templates.attention_compact`). A program handles a
+(tile of ``BLOCK_M`` compacted rows, query head):
+
+- tiles past the group's active count hold only inactive rows: the program writes zeros through the row index list and
+  exits (block-level skipping, no Q/K/V read);
+- other tiles gather their query rows by index, run online-softmax attention over keys ``0 .. max position`` of the
+  tile (causal) or all keys, and scatter the normalised rows back; rows past the active count are written as zeros.
+
+Random per-token masks almost never leave a whole 128-row tile of *original* positions inactive, so plain block
+skipping would save nothing; the compaction makes the work proportional to the active rows (for causal attention the
+sum of their positions) at the cost of a wider causal band: a tile of compacted rows spans about
+``BLOCK_M / density`` positions, and only keys below the tile's first position skip the causal mask.
+
+Tiles are launched in reverse order (largest positions first) so the long causal rows do not form the tail.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, interpreting
+from .attention_compact import compact_active_rows
+
+__all__ = ["group_attention_prefill"]
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_key_range(
+    acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, lo, hi, kv_len, qk_scale,
+    offs_n, offs_d, dmask,
+    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Online-softmax update of (acc, l_i, m_i) over keys [lo, hi); scores kept in the log2 domain."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k_ptrs = k_base + cols[None, :] * stride_ks + offs_d[:, None]  # [BLOCK_D, BLOCK_N]
+        v_ptrs = v_base + cols[:, None] * stride_vs + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(cols[None, :] < kv_len) & dmask[:, None], other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=dmask[:, None], other=0.0)
+        qk = tl.dot(q, k, input_precision=INPUT_PRECISION)
+        if MASKED:
+            valid = cols[None, :] < kv_len
+            if IS_CAUSAL:
+                valid = valid & (cols[None, :] <= q_pos[:, None])
+            # A finite penalty (not -inf) keeps fully masked rows finite; such rows are never stored.
+            qk = qk * qk_scale + tl.where(valid, 0.0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASKED:
+            v = tl.load(v_ptrs, mask=(cols[:, None] < kv_len) & dmask[None, :], other=0.0)
+        elif EVEN_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_kernel(
+    Q, K, V, O, ORDER, COUNT,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_ot,
+    num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # largest positions first
+    bh = tl.program_id(1)
+    b = bh // num_q_heads
+    h = bh % num_q_heads
+    g = h // heads_per_group
+    kvh = h // q_per_kv
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    in_range = offs_m < q_len
+    order_base = ORDER + (b * num_groups + g).to(tl.int64) * q_len
+    count = tl.load(COUNT + b * num_groups + g)
+    rows = tl.load(order_base + offs_m, mask=in_range, other=0)  # original token index of each compacted row
+    o_ptrs = O + b.to(tl.int64) * stride_ob + h * stride_oh + rows[:, None].to(tl.int64) * stride_ot + offs_d[None, :]
+    store_mask = in_range[:, None] & dmask[None, :]
+
+    tile_start = pid_m * BLOCK_M
+    if tile_start >= count:
+        # Every row of this tile is inactive for this group: write zeros, read nothing else.
+        tl.store(o_ptrs, tl.zeros([BLOCK_M, BLOCK_D], dtype=O.dtype.element_ty), mask=store_mask)
+    else:
+        q_ptrs = Q + b.to(tl.int64) * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_qt + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=store_mask, other=0.0)
+        k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
+        offset = kv_len - q_len
+        q_pos = rows + offset
+        if IS_CAUSAL:
+            last = tl.minimum(tile_start + BLOCK_M, count) - 1
+            first_pos = tl.load(order_base + tile_start) + offset
+            last_pos = tl.load(order_base + last) + offset
+            lo = ((first_pos + 1) // BLOCK_N) * BLOCK_N  # keys < lo are visible to every active row
+            hi = last_pos + 1
+        else:
+            lo = (kv_len // BLOCK_N) * BLOCK_N
+            hi = kv_len
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        acc, l_i, m_i = _attend_key_range(
+            acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, 0, lo, kv_len, qk_scale,
+            offs_n, offs_d, dmask, False, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION,
+        )
+        acc, l_i, m_i = _attend_key_range(
+            acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, lo, hi, kv_len, qk_scale,
+            offs_n, offs_d, dmask, True, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION,
+        )
+        out = acc / l_i[:, None]
+        active = offs_m < count
+        out = tl.where(active[:, None], out, 0.0)
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=store_mask)
+
+
+# Launch config by sequence length; no autotuner (it would tune on whichever shape comes first and cannot run inside
+# a CUDA-graph capture). From the H200 measurements in benchmarks/notes_attention.md. sm_90 compile report
+# (benchmarks/attention_aot_report.py, D=128 bf16): 128x64 tiles with 4 warps spill (255 regs), so BLOCK_M=128 tiles
+# use 8 warps (two warpgroups).
+_PREFILL_CONFIGS = (
+    # (max(T, S) up to, BLOCK_M, BLOCK_N, num_warps, num_stages)
+    (4096, 64, 64, 4, 3),
+    (1 << 62, 128, 64, 8, 3),
+)
+SWEEP_CONFIGS = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4))
+
+_SMEM_LIMIT = 227 * 1024
+
+# Under the interpreter one small config keeps CPU tests fast.
+_INTERPRET_META = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+
+
+def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2) -> dict:
+    """``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}`` for the prefill kernel.
+
+    Tiles shrink for wide heads or fp32 so that Q plus the pipelined K/V stages fit in the 227 KB of shared memory
+    of an sm_90 block and the fp32 accumulator stays in registers.
+    """
+    if interpreting():
+        return dict(_INTERPRET_META)
+    length = max(q_len, kv_len)
+    for max_len, block_m, block_n, warps, stages in _PREFILL_CONFIGS:
+        if length <= max_len:
+            break
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if block_d * elem_size > 256:  # wide fp32/bf16 rows: smaller query tile, accumulator of 64 rows
+        block_m, warps = 64, 4
+    while block_n > 32 and block_m * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
+        block_n //= 2
+    while stages > 2 and block_m * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
+        stages -= 1
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+
+
+def launch_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
+    dims: AttentionDims, causal: bool, config: dict | None = None,
+) -> None:
+    """Run the prefill kernel into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
+
+    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) overrides :func:`prefill_config`.
+    """
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if interpreting() and q.dtype == torch.bfloat16:  # the interpreter mis-computes bf16: run in fp32
+        staging = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        launch_prefill(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, config)
+        out.copy_(staging)
+        return
+    order, count = compact_active_rows(head_mask)
+    block_d = max(16, triton.next_power_of_2(dims.head_dim))
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    args = (
+        q, k, v, out, order, count,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        dims.num_q_heads, dims.num_groups, dims.q_len, dims.kv_len, dims.q_per_kv, dims.heads_per_group,
+        dims.scale * _LOG2E,
+    )
+    meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "INPUT_PRECISION": precision}
+    cfg = config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size())
+    grid = (triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads)
+    _prefill_kernel[grid](*args, **meta, **cfg)
+
+
+def group_attention_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    head_mask: torch.Tensor,
+    causal: bool = True,
+    scale: float | None = None,
+    merge_heads: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Head-group-masked attention with the prefill (flash, row-compacting) kernel for any T.
+
+    Returns ``o[B, Hq, T, D]``, or ``[B, T, Hq * D]`` with ``merge_heads=True``. See
+    :func:`wide_compile.templates.attention.group_attention` for the semantics.
+    """
+    dims = check_attention_inputs(q, k, v, head_mask, causal, scale)
+    result, view = allocate_output(q, dims, merge_heads, out)
+    if dims.q_len > 0:
+        launch_prefill(q, k, v, head_mask, view, dims, causal)
+    return result
+

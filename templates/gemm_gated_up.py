@@ -1,0 +1,131 @@
+"""Prefill fused gate/up GEMM over output groups: ``h = act(x @ Wg.T) * (x @ Wu.T)`` on active groups, else 0.
+
+Same tiling as ``gemm_output_groups`` (per-group reordered token lists, zero-only programs for fully
+inactive tiles, in-kernel row gather and scatter), with two accumulators: each program reads the same
+n tile of the gate and of the up weight, so ``x`` rows are loaded once for both products and the
+activation and product are applied in registers before the single store of ``h``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._triton_utils import ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2, swizzle_n_major
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gated_up_gemm_kernel(
+        x_ptr, wg_ptr, wu_ptr, h_ptr, tokens_ptr, counts_ptr,
+        M, N, K,
+        GROUP_SIZE: tl.constexpr,
+        TILES_PER_GROUP: tl.constexpr,
+        ACTIVATION: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        EVEN_N: tl.constexpr,
+        GROUP_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = (N // GROUP_SIZE) * TILES_PER_GROUP
+        pid_m, pid_n = swizzle_n_major(tl.program_id(0), num_m, num_n, GROUP_N)
+        g = pid_n // TILES_PER_GROUP
+        offs_gn = (pid_n % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid_n = offs_gn < GROUP_SIZE
+        offs_n = g * GROUP_SIZE + offs_gn
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        valid_m = offs_m < M
+        rows = tl.load(tokens_ptr + g.to(tl.int64) * M + offs_m, mask=valid_m, other=0).to(tl.int64)
+        count = tl.load(counts_ptr + g)
+        h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
+        out_mask = valid_m[:, None] & valid_n[None, :]
+        if pid_m * BLOCK_M >= count:  # fully inactive tile: zeros only
+            tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            offs_k = tl.arange(0, BLOCK_K)
+            x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
+            w_off = offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
+            wg_ptrs = wg_ptr + w_off
+            wu_ptrs = wu_ptr + w_off
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                if EVEN_K:
+                    a = tl.load(x_ptrs)
+                    if EVEN_N:
+                        bg = tl.load(wg_ptrs)
+                        bu = tl.load(wu_ptrs)
+                    else:
+                        bg = tl.load(wg_ptrs, mask=valid_n[None, :], other=0.0)
+                        bu = tl.load(wu_ptrs, mask=valid_n[None, :], other=0.0)
+                else:
+                    k_ok = (k + offs_k) < K
+                    a = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+                    bg = tl.load(wg_ptrs, mask=k_ok[:, None] & valid_n[None, :], other=0.0)
+                    bu = tl.load(wu_ptrs, mask=k_ok[:, None] & valid_n[None, :], other=0.0)
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    bg = bg.to(tl.float32)
+                    bu = bu.to(tl.float32)
+                acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PRECISION)
+                acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
+                x_ptrs += BLOCK_K
+                wg_ptrs += BLOCK_K
+                wu_ptrs += BLOCK_K
+            h = activation_fn(acc_g, ACTIVATION) * acc_u
+            h = tl.where((offs_m < count)[:, None], h, 0.0)
+            tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=out_mask)
+
+
+def default_config(num_tokens: int, group_size: int) -> dict:
+    """Tile sizes / warps / pipeline depth for the fused gate/up GEMM (two weight tiles per stage)."""
+    block_n = min(128, max(16, next_pow2(group_size)))
+    if interpreting():
+        return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
+    if num_tokens >= 512:
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=3)
+
+
+def gated_up_gemm(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    group_tokens: torch.Tensor,
+    group_counts: torch.Tensor,
+    group_size: int,
+    activation: str,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch the kernel on checked, contiguous 2-D inputs; returns a new ``h[M, I]``."""
+    num_tokens, k_dim = x.shape
+    n_dim = w_gate.shape[0]
+    cfg = dict(default_config(num_tokens, group_size), **(config or {}))
+    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    h = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
+    tiles_per_group = cdiv(group_size, block_n)
+    grid = (cdiv(num_tokens, block_m) * (n_dim // group_size) * tiles_per_group,)
+    _gated_up_gemm_kernel[grid](
+        x, w_gate, w_up, h, group_tokens, group_counts,
+        num_tokens, n_dim, k_dim,
+        GROUP_SIZE=group_size,
+        TILES_PER_GROUP=tiles_per_group,
+        ACTIVATION=ACTIVATION_CODES[activation],
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k_dim % block_k == 0,
+        EVEN_N=group_size % block_n == 0,
+        GROUP_N=cfg.get("GROUP_N", 8),
+        UPCAST=interpreting(),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return h

@@ -1,0 +1,127 @@
+"""Prefill GEMM over output groups: ``y[m, n] = (x @ W.T + b)[m, n]`` if ``mask[m, n // group_size]``, else 0.
+
+Grid: one program per (n tile of one group, tile of that group's reordered token list). The plan puts
+each group's active tokens first, so a tile is fully active, mixed or fully inactive. Programs of fully
+inactive tiles only write zeros to their rows (no loads, no MMAs); the others gather their rows of ``x``
+by index inside the kernel, run the K loop on tensor cores and scatter the rows back, writing zeros for
+the inactive rows of a mixed tile. Every output element is written exactly once (no pre-zeroed output).
+Program order: GROUP_N n tiles side by side, sweeping token tiles, so concurrently running programs
+share weight tiles and (as per-group lists are in ascending token order) nearby rows of ``x`` in L2.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, swizzle_n_major
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _output_groups_gemm_kernel(
+        x_ptr, w_ptr, b_ptr, y_ptr, tokens_ptr, counts_ptr,
+        M, N, K,
+        GROUP_SIZE: tl.constexpr,
+        TILES_PER_GROUP: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        EVEN_N: tl.constexpr,
+        GROUP_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = (N // GROUP_SIZE) * TILES_PER_GROUP
+        pid_m, pid_n = swizzle_n_major(tl.program_id(0), num_m, num_n, GROUP_N)
+        g = pid_n // TILES_PER_GROUP
+        offs_gn = (pid_n % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid_n = offs_gn < GROUP_SIZE
+        offs_n = g * GROUP_SIZE + offs_gn
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        valid_m = offs_m < M
+        rows = tl.load(tokens_ptr + g.to(tl.int64) * M + offs_m, mask=valid_m, other=0).to(tl.int64)
+        count = tl.load(counts_ptr + g)
+        y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
+        out_mask = valid_m[:, None] & valid_n[None, :]
+        if pid_m * BLOCK_M >= count:  # fully inactive tile: zeros only
+            tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            offs_k = tl.arange(0, BLOCK_K)
+            x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
+            w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                if EVEN_K:
+                    a = tl.load(x_ptrs)
+                    if EVEN_N:
+                        b = tl.load(w_ptrs)
+                    else:
+                        b = tl.load(w_ptrs, mask=valid_n[None, :], other=0.0)
+                else:
+                    k_ok = (k + offs_k) < K
+                    a = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+                    b = tl.load(w_ptrs, mask=k_ok[:, None] & valid_n[None, :], other=0.0)
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                x_ptrs += BLOCK_K
+                w_ptrs += BLOCK_K
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + offs_n, mask=valid_n, other=0.0).to(tl.float32)[None, :]
+            acc = tl.where((offs_m < count)[:, None], acc, 0.0)
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+
+def default_config(num_tokens: int, group_size: int) -> dict:
+    """Tile sizes / warps / pipeline depth for the output-group GEMM."""
+    block_n = min(128, max(16, next_pow2(group_size)))
+    if interpreting():
+        return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
+    if num_tokens >= 2048 and group_size >= 256:
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)
+    if num_tokens >= 512:
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=4)
+    return dict(BLOCK_M=64, BLOCK_N=block_n, BLOCK_K=64, num_warps=4, num_stages=4)
+
+
+def output_groups_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    group_tokens: torch.Tensor,
+    group_counts: torch.Tensor,
+    group_size: int,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch the kernel on checked, contiguous 2-D inputs; returns a new ``y[M, N]``."""
+    num_tokens, k_dim = x.shape
+    n_dim = weight.shape[0]
+    cfg = dict(default_config(num_tokens, group_size), **(config or {}))
+    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
+    tiles_per_group = cdiv(group_size, block_n)
+    grid = (cdiv(num_tokens, block_m) * (n_dim // group_size) * tiles_per_group,)
+    _output_groups_gemm_kernel[grid](
+        x, weight, bias if bias is not None else x, y, group_tokens, group_counts,
+        num_tokens, n_dim, k_dim,
+        GROUP_SIZE=group_size,
+        TILES_PER_GROUP=tiles_per_group,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k_dim % block_k == 0,
+        EVEN_N=group_size % block_n == 0,
+        GROUP_N=cfg.get("GROUP_N", 8),
+        UPCAST=interpreting(),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return y

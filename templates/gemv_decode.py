@@ -1,0 +1,324 @@
+"""Decode GEMVs (M <= 16 tokens) that read only the weight rows / columns of groups active for ANY token.
+
+Both kernels are swap-AB matrix-vector products: a program owns ``BLOCK_N`` weight rows, the weight
+tile is the wide MMA operand ``[BLOCK_N, BLOCK_K]`` (16-byte loads along K, pipelined ``num_stages``
+deep) and the tokens are the narrow one ``[BLOCK_K, BLOCK_T]`` (``BLOCK_T`` = 16 >= M).
+
+- Output groups (q projection; gate/up fused with ``GATED``): one program per ``BLOCK_N`` rows of one
+  output group. It reads the group's mask column; if no token of the batch uses the group it only
+  writes zeros, otherwise it streams its rows over the full K and writes ``y`` with the inactive
+  tokens of the group zeroed. No plan is needed.
+- Input groups (down / o projection): one program per ``BLOCK_N`` output rows; it loops over the union
+  list of the plan (groups active for any token) only, so it reads just those weight columns; per
+  token the group's ``x`` chunk is zero-filled where the token does not use the group.
+
+A program that streams a long K range is latency-bound, so K (output groups) or the union list (input
+groups) is split among ``SPLIT`` programs. The split is finished in the same launch: each program
+stores its fp32 partial in a persistent workspace and increments an arrival counter; the last one sums
+the partials, applies the epilogue (activation, bias, token mask), stores ``y`` and resets the counter.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._triton_utils import ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _split_k_finish(acc, acc2, ws_ptr, counter_ptr, tile, split,
+                        SPLIT: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+        """Split-K in one launch: every split stores its fp32 partial, the last one to arrive (atomic
+        counter) sums them and returns (True, sums); the counter is reset for the next call."""
+        offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+        ws_tile = ws_ptr + tile.to(tl.int64) * (SPLIT * 2 * BLOCK_N * BLOCK_T)
+        tl.store(ws_tile + split * BLOCK_N * BLOCK_T + offs, acc)
+        if GATED:
+            tl.store(ws_tile + (SPLIT + split) * BLOCK_N * BLOCK_T + offs, acc2)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        last = arrived == SPLIT - 1
+        if last:
+            tl.debug_barrier()
+            acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+            acc2 = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+            for s in tl.static_range(SPLIT):
+                acc += tl.load(ws_tile + s * BLOCK_N * BLOCK_T + offs, cache_modifier=".cg")
+                if GATED:
+                    acc2 += tl.load(ws_tile + (SPLIT + s) * BLOCK_N * BLOCK_T + offs, cache_modifier=".cg")
+            tl.atomic_xchg(counter_ptr + tile, 0)
+        return last, acc, acc2
+
+    @triton.jit
+    def _output_groups_gemv_kernel(
+        x_ptr, w_ptr, w2_ptr, b_ptr, y_ptr, mask_ptr, ws_ptr, counter_ptr,
+        M, N, K, G,
+        GROUP_SIZE: tl.constexpr,
+        TILES_PER_GROUP: tl.constexpr,
+        GATED: tl.constexpr,
+        ACTIVATION: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        split = pid % SPLIT
+        tile = pid // SPLIT
+        g = tile // TILES_PER_GROUP
+        offs_gn = (tile % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid_n = offs_gn < GROUP_SIZE
+        offs_n = g * GROUP_SIZE + offs_gn
+        offs_nc = g * GROUP_SIZE + tl.minimum(offs_gn, GROUP_SIZE - 1)  # clamped: loads need no mask
+        offs_t = tl.arange(0, BLOCK_T)
+        valid_t = offs_t < M
+        tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
+        y_ptrs = y_ptr + offs_t[None, :] * N + offs_n[:, None]
+        out_mask = valid_n[:, None] & valid_t[None, :]
+        if tl.max(tok_on.to(tl.int32), axis=0) == 0:  # no token of the batch uses this group
+            if split == 0:
+                tl.store(y_ptrs, tl.zeros((BLOCK_N, BLOCK_T), dtype=y_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            k_len = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K
+            k_begin = split * k_len
+            k_stop = tl.minimum(K, k_begin + k_len)
+            offs_k = tl.arange(0, BLOCK_K)
+            w_off = offs_nc.to(tl.int64)[:, None] * K + (k_begin + offs_k)[None, :]
+            w_ptrs = w_ptr + w_off
+            w2_ptrs = w2_ptr + w_off
+            x_ptrs = x_ptr + offs_t[None, :] * K + (k_begin + offs_k)[:, None]
+            acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+            acc2 = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+            for k in range(k_begin, k_stop, BLOCK_K):
+                if EVEN_K:
+                    w = tl.load(w_ptrs)
+                    xt = tl.load(x_ptrs, mask=valid_t[None, :], other=0.0)
+                else:
+                    k_ok = (k + offs_k) < k_stop
+                    w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+                    xt = tl.load(x_ptrs, mask=k_ok[:, None] & valid_t[None, :], other=0.0)
+                if UPCAST:
+                    w = w.to(tl.float32)
+                    xt = xt.to(tl.float32)
+                acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+                if GATED:
+                    if EVEN_K:
+                        w2 = tl.load(w2_ptrs)
+                    else:
+                        w2 = tl.load(w2_ptrs, mask=k_ok[None, :], other=0.0)
+                    if UPCAST:
+                        w2 = w2.to(tl.float32)
+                    acc2 = tl.dot(w2, xt, acc2, input_precision=DOT_PRECISION)
+                    w2_ptrs += BLOCK_K
+                w_ptrs += BLOCK_K
+                x_ptrs += BLOCK_K
+            finish = True
+            if SPLIT > 1:
+                finish, acc, acc2 = _split_k_finish(acc, acc2, ws_ptr, counter_ptr, tile, split,
+                                                    SPLIT, GATED, BLOCK_N, BLOCK_T)
+            if finish:
+                if GATED:
+                    acc = activation_fn(acc, ACTIVATION) * acc2
+                if HAS_BIAS:
+                    acc += tl.load(b_ptr + offs_nc).to(tl.float32)[:, None]
+                acc = tl.where(tok_on[None, :], acc, 0.0)
+                tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
+    def _input_groups_gemv_kernel(
+        x_ptr, w_ptr, b_ptr, y_ptr, mask_ptr, union_ptr, union_count_ptr, ws_ptr, counter_ptr,
+        M, N, K, G,
+        GROUP_SIZE: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ROW_MASK: tl.constexpr,
+        SPLIT: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        CHUNKS: tl.constexpr = GROUP_SIZE // BLOCK_K
+        pid = tl.program_id(0)
+        split = pid % SPLIT
+        tile = pid // SPLIT
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid_n = offs_n < N
+        offs_nc = tl.minimum(offs_n, N - 1).to(tl.int64)
+        offs_t = tl.arange(0, BLOCK_T)
+        valid_t = offs_t < M
+        offs_k = tl.arange(0, BLOCK_K)
+        n_groups = tl.load(union_count_ptr)
+        per_split = tl.cdiv(n_groups, SPLIT)
+        j_start = split * per_split * CHUNKS
+        j_end = tl.minimum(n_groups, (split + 1) * per_split) * CHUNKS
+        w_rows = w_ptr + offs_nc[:, None] * K + offs_k[None, :]
+        x_cols = x_ptr + offs_t[None, :] * K + offs_k[:, None]
+        acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+        for j in range(j_start, j_end):
+            g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
+            k0 = g * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
+            w = tl.load(w_rows + k0)
+            if ROW_MASK:  # zero-fill tokens that do not use group g (predicated load)
+                tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
+                xt = tl.load(x_cols + k0, mask=tok_on[None, :], other=0.0)
+            else:
+                xt = tl.load(x_cols + k0, mask=valid_t[None, :], other=0.0)
+            if UPCAST:
+                w = w.to(tl.float32)
+                xt = xt.to(tl.float32)
+            acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+        finish = True
+        if SPLIT > 1:
+            finish, acc, _unused = _split_k_finish(acc, acc, ws_ptr, counter_ptr, tile, split,
+                                                   SPLIT, False, BLOCK_N, BLOCK_T)
+        if finish:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + offs_nc).to(tl.float32)[:, None]
+            y_ptrs = y_ptr + offs_t[None, :] * N + offs_n[:, None]
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=valid_n[:, None] & valid_t[None, :])
+
+
+_WORKSPACES: dict = {}
+
+
+def _split_workspace(device: torch.device, tiles: int, split: int, block_n: int, block_t: int):
+    """Persistent fp32 partial-sum buffer and zeroed arrival counters for one-launch split-K.
+
+    Cached per device and size (CUDA-graph safe: the kernel resets each counter after use). Calls that
+    share a workspace must not run concurrently on different streams."""
+    key = (str(device), tiles, split, block_n, block_t)
+    if key not in _WORKSPACES:
+        ws = torch.empty(tiles * split * 2 * block_n * block_t, dtype=torch.float32, device=device)
+        counters = torch.zeros(tiles, dtype=torch.int32, device=device)
+        _WORKSPACES[key] = (ws, counters)
+    return _WORKSPACES[key]
+
+
+def _auto_split(tiles: int, max_split: int, active_fraction: float = 0.5) -> int:
+    """Split factor giving about 4 active programs per SM (decode GEMVs are latency-bound per program)."""
+    if interpreting():
+        return 1
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    split = 1
+    while tiles * split * active_fraction < 4 * sms and split * 2 <= max_split:
+        split *= 2
+    return split
+
+
+def _dot_precision(x: torch.Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def output_config(group_size: int, k_dim: int, gated: bool) -> dict:
+    if interpreting():
+        return dict(BLOCK_N=32, BLOCK_K=64, SPLIT=1, num_warps=4, num_stages=1)
+    block_n = min(64, max(16, next_pow2(group_size)))
+    if gated:  # two weights per program: enough bytes in flight without splitting K
+        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=4)
+    return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=8, num_warps=4, num_stages=4)
+
+
+def output_groups_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask_u8: torch.Tensor,
+    group_size: int,
+    w_up: torch.Tensor | None = None,
+    activation: str = "silu",
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``y[M, N]`` for output groups (``w_up`` given: fused ``act(x@W.T) * (x@Wu.T)``), M <= 16."""
+    num_tokens, k_dim = x.shape
+    n_dim = weight.shape[0]
+    gated = w_up is not None
+    cfg = dict(output_config(group_size, k_dim, gated), **(config or {}))
+    block_n, block_k = cfg["BLOCK_N"], min(cfg["BLOCK_K"], max(16, next_pow2(k_dim)))
+    tiles_per_group = cdiv(group_size, block_n)
+    tiles = (n_dim // group_size) * tiles_per_group
+    split = int(cfg.get("SPLIT", 0))
+    if split <= 0:
+        split = _auto_split(tiles, max(1, k_dim // (2 * block_k)))
+    split = max(1, min(split, cdiv(k_dim, block_k)))
+    block_t = max(16, next_pow2(num_tokens))
+    y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
+    ws, counters = _split_workspace(x.device, tiles, split, block_n, block_t) if split > 1 else (x, x)
+    _output_groups_gemv_kernel[(tiles * split,)](
+        x, weight, w_up if gated else weight, bias if bias is not None else x, y, mask_u8, ws, counters,
+        num_tokens, n_dim, k_dim, n_dim // group_size,
+        GROUP_SIZE=group_size,
+        TILES_PER_GROUP=tiles_per_group,
+        GATED=gated,
+        ACTIVATION=ACTIVATION_CODES[activation],
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_T=block_t,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k_dim % (block_k * split) == 0,
+        UPCAST=interpreting(),
+        DOT_PRECISION=_dot_precision(x),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return y
+
+
+def input_config(group_size: int) -> dict:
+    if interpreting():
+        return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
+                    num_stages=1)
+    return dict(BLOCK_N=32, BLOCK_K=largest_pow2_divisor(group_size, 256), SPLIT=4, num_warps=4, num_stages=6)
+
+
+def input_groups_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask_u8: torch.Tensor,
+    union_groups: torch.Tensor,
+    union_count: torch.Tensor,
+    group_size: int,
+    x_is_masked: bool = False,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``y[M, N] = (x * mask over K) @ W.T + b`` reading only union-active weight columns, M <= 16."""
+    num_tokens, k_dim = x.shape
+    n_dim = weight.shape[0]
+    num_groups = k_dim // group_size
+    cfg = dict(input_config(group_size), **(config or {}))
+    block_k = cfg["BLOCK_K"]
+    if block_k < 16 or group_size % block_k:
+        raise ValueError(f"input_group_linear: group_size {group_size} needs a multiple of 16 for the GEMV path")
+    tiles = cdiv(n_dim, cfg["BLOCK_N"])
+    split = int(cfg.get("SPLIT", 0))
+    if split <= 0:
+        split = _auto_split(tiles, max(1, num_groups // 2), active_fraction=1.0)
+    block_t = max(16, next_pow2(num_tokens))
+    y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
+    ws, counters = _split_workspace(x.device, tiles, split, cfg["BLOCK_N"], block_t) if split > 1 else (x, x)
+    _input_groups_gemv_kernel[(tiles * split,)](
+        x, weight, bias if bias is not None else x, y, mask_u8, union_groups, union_count, ws, counters,
+        num_tokens, n_dim, k_dim, num_groups,
+        GROUP_SIZE=group_size,
+        HAS_BIAS=bias is not None,
+        ROW_MASK=not x_is_masked,
+        SPLIT=split,
+        BLOCK_T=block_t,
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=block_k,
+        UPCAST=interpreting(),
+        DOT_PRECISION=_dot_precision(x),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return y

@@ -1,0 +1,305 @@
+"""Public entry points of the group-skipping linear ops: input checks, then decode / prefill dispatch.
+
+- ``output_group_linear``: ``y = x @ W.T + b`` on each token's active output groups, exactly 0 elsewhere.
+- ``input_group_linear``: ``y = (x * mask expanded over K) @ W.T + b``.
+- ``gated_up_groups``: ``h = act(x @ Wg.T) * (x @ Wu.T)`` on active output groups, exactly 0 elsewhere.
+
+Inputs may carry leading batch dims (``x[..., K]``, ``mask[..., G]``): they are flattened and restored.
+Dtypes: bf16 / fp16 (fp32 accepted; computed with IEEE fp32 dots). Non-contiguous inputs are made
+contiguous. With at most 16 tokens the decode GEMVs run (they read only the weight of groups active
+for some token of the batch); otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one
+from ``build_group_plan(mask)`` to share it between paired ops; built here when omitted). On CPU
+without ``TRITON_INTERPRET=1`` (or without Triton) the PyTorch references run instead.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._triton_utils import ACTIVATION_CODES, can_run_triton
+from .group_linear_reference import (
+    gated_up_groups_reference,
+    input_group_linear_reference,
+    output_group_linear_reference,
+)
+from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_to_u8
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_PATHS = ("auto", "gemv", "gemm", "dense")
+
+
+def _check(
+    op: str,
+    x: torch.Tensor,
+    weights: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+    group_size: int,
+    grouped_dim: str,
+    bias: torch.Tensor | None,
+    plan: GroupPlan | None,
+    path: str,
+) -> int:
+    """Validate the arguments; returns the number of groups ``G``."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError(f"{op}: x must be a tensor [..., K]")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"{op}: x dtype must be bfloat16, float16 or float32, got {x.dtype}")
+    k_dim = x.shape[-1]
+    n_dim = None
+    for name, w in weights.items():
+        if not isinstance(w, torch.Tensor) or w.dim() != 2:
+            raise ValueError(f"{op}: {name} must be a 2-D tensor [N, K]")
+        if w.dtype != x.dtype:
+            raise TypeError(f"{op}: {name} dtype {w.dtype} differs from x dtype {x.dtype}")
+        if w.device != x.device:
+            raise ValueError(f"{op}: {name} is on {w.device} but x is on {x.device}")
+        if w.shape[1] != k_dim:
+            raise ValueError(f"{op}: {name} has K={w.shape[1]} but x has K={k_dim}")
+        if n_dim is not None and w.shape[0] != n_dim:
+            raise ValueError(f"{op}: the weights have different N ({n_dim} vs {w.shape[0]})")
+        n_dim = w.shape[0]
+    if bias is not None:
+        if bias.shape != (n_dim,):
+            raise ValueError(f"{op}: bias must have shape ({n_dim},), got {tuple(bias.shape)}")
+        if bias.dtype != x.dtype or bias.device != x.device:
+            raise TypeError(f"{op}: bias must be {x.dtype} on {x.device}, got {bias.dtype} on {bias.device}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"{op}: group_size must be a positive int, got {group_size!r}")
+    dim = n_dim if grouped_dim == "N" else k_dim
+    if dim % group_size:
+        raise ValueError(f"{op}: group_size {group_size} does not divide the grouped dimension {grouped_dim}={dim}")
+    num_groups = dim // group_size
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"{op}: mask must be a tensor [..., G]")
+    if mask.device != x.device:
+        raise ValueError(f"{op}: mask is on {mask.device} but x is on {x.device}")
+    if mask.dim() < 1 or tuple(mask.shape) != tuple(x.shape[:-1]) + (num_groups,):
+        raise ValueError(
+            f"{op}: mask shape {tuple(mask.shape)} must be {tuple(x.shape[:-1]) + (num_groups,)} "
+            f"(x.shape[:-1] + (G = {grouped_dim} / group_size = {num_groups},))"
+        )
+    if path not in _PATHS:
+        raise ValueError(f"{op}: path must be one of {_PATHS}, got {path!r}")
+    if plan is not None:
+        if not isinstance(plan, GroupPlan):
+            raise TypeError(f"{op}: plan must be a GroupPlan from build_group_plan, got {type(plan).__name__}")
+        num_tokens = x.numel() // max(k_dim, 1) if k_dim else 0
+        if plan.num_tokens != num_tokens or plan.num_groups != num_groups:
+            raise ValueError(
+                f"{op}: plan was built for a mask [{plan.num_tokens}, {plan.num_groups}], "
+                f"this call has [{num_tokens}, {num_groups}]"
+            )
+        if plan.mask_u8.device != x.device:
+            raise ValueError(f"{op}: plan is on {plan.mask_u8.device} but x is on {x.device}")
+    return num_groups
+
+
+def _check_out(op: str, out: torch.Tensor | None, x: torch.Tensor, n_dim: int) -> torch.Tensor | None:
+    """Validate a caller-provided output buffer; returns its 2-D view (or None)."""
+    if out is None:
+        return None
+    shape = tuple(x.shape[:-1]) + (n_dim,)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+        raise ValueError(f"{op}: out must have shape {shape}, got {getattr(out, 'shape', None)}")
+    if out.dtype != x.dtype or out.device != x.device:
+        raise TypeError(f"{op}: out must be {x.dtype} on {x.device}, got {out.dtype} on {out.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"{op}: out must be contiguous")
+    return out.view(-1, n_dim)
+
+
+def _finish(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return result
+    if result.data_ptr() != out.data_ptr():
+        out.copy_(result)
+    return out
+
+
+def _use_gemv(path: str, num_tokens: int) -> bool:
+    return path == "gemv" or (path == "auto" and num_tokens <= DECODE_MAX_TOKENS)
+
+
+def _plan_for(plan: GroupPlan | None, mask: torch.Tensor, part: str) -> GroupPlan:
+    """The given plan if it has the tables for ``part``, else a plan with them built now."""
+    if plan is None or not plan.has(part):
+        return build_group_plan(mask, parts=(part,))
+    return plan
+
+
+# Prefill input-group op: the skipping GEMM beats cuBLAS only with many tokens and tile-level sparsity
+# (measured on the H200: 1.44x at M=16384 with clustered masks, pre-masked input; slower in all other
+# cases tried), so "auto" uses it only then and runs cuBLAS on the masked input otherwise.
+GEMM_MIN_TOKENS = 8192
+GEMM_MAX_TILE_DENSITY = 0.6
+
+
+def _mask_input(x2: torch.Tensor, m_u8: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``x`` with each token's inactive groups set to 0 (one broadcast pass, no expanded mask)."""
+    num_tokens, num_groups = m_u8.shape
+    keep = m_u8.view(torch.bool).view(num_tokens, num_groups, 1)
+    xg = x2.view(num_tokens, num_groups, group_size)
+    return torch.where(keep, xg, torch.zeros((), dtype=x2.dtype, device=x2.device)).view(num_tokens, -1)
+
+
+def _choose_prefill_input_path(
+    plan: GroupPlan | None, mask: torch.Tensor, num_tokens: int, x_is_masked: bool
+) -> tuple[str, GroupPlan | None]:
+    """"gemm" when many tokens, a pre-masked input and a plan whose token tiles use at most
+    GEMM_MAX_TILE_DENSITY of the groups (one host sync; never while a CUDA graph is captured), else "dense"."""
+    if num_tokens < GEMM_MIN_TOKENS or not x_is_masked:
+        return "dense", plan
+    if mask.is_cuda and torch.cuda.is_current_stream_capturing():
+        return "dense", plan
+    p = _plan_for(plan, mask, "input")
+    density = p.tile_group_counts.sum().item() / (p.tile_group_counts.numel() * p.num_groups)
+    return ("gemm" if density <= GEMM_MAX_TILE_DENSITY else "dense"), p
+
+
+def output_group_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    plan: GroupPlan | None = None,
+    *,
+    path: str = "auto",
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``y[..., N]``: ``(x @ W.T + b)[m, n]`` if ``mask[m, n // group_size]`` else exactly 0.
+
+    ``path``: ``"auto"`` (GEMV for <= 16 tokens, else GEMM), ``"gemv"`` or ``"gemm"``; ``config``
+    overrides kernel tile sizes (benchmarking). A plan without the needed tables is completed here.
+    """
+    op = "output_group_linear"
+    _check(op, x, {"weight": weight}, mask, group_size, "N", bias, plan, path)
+    out2 = _check_out(op, out, x, weight.shape[0])
+    if not can_run_triton(x):
+        return _finish(output_group_linear_reference(x, weight, mask, group_size, bias), out)
+    lead, k_dim, n_dim = x.shape[:-1], x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, k_dim).contiguous()
+    weight = weight.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    if x2.shape[0] == 0:
+        return x.new_empty(*lead, n_dim) if out is None else out
+    if _use_gemv(path, x2.shape[0]):
+        from .gemv_decode import output_groups_gemv
+
+        y = output_groups_gemv(x2, weight, bias, mask_to_u8(mask), group_size, config=config, out=out2)
+    else:
+        from .gemm_output_groups import output_groups_gemm
+
+        p = _plan_for(plan, mask, "output")
+        y = output_groups_gemm(
+            x2, weight, bias, p.group_tokens, p.group_counts, group_size, config=config, out=out2
+        )
+    return _finish(y.reshape(*lead, n_dim), out)
+
+
+def gated_up_groups(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    activation: str = "silu",
+    plan: GroupPlan | None = None,
+    *,
+    path: str = "auto",
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``h[..., I] = act(x @ Wg.T) * (x @ Wu.T)`` on active output groups, exactly 0 elsewhere (fused)."""
+    op = "gated_up_groups"
+    if activation not in ACTIVATION_CODES:
+        raise ValueError(f"{op}: activation must be one of {tuple(ACTIVATION_CODES)}, got {activation!r}")
+    _check(op, x, {"w_gate": w_gate, "w_up": w_up}, mask, group_size, "N", None, plan, path)
+    out2 = _check_out(op, out, x, w_gate.shape[0])
+    if not can_run_triton(x):
+        return _finish(gated_up_groups_reference(x, w_gate, w_up, mask, group_size, activation), out)
+    lead, k_dim, n_dim = x.shape[:-1], x.shape[-1], w_gate.shape[0]
+    x2 = x.reshape(-1, k_dim).contiguous()
+    w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
+    if x2.shape[0] == 0:
+        return x.new_empty(*lead, n_dim) if out is None else out
+    if _use_gemv(path, x2.shape[0]):
+        from .gemv_decode import output_groups_gemv
+
+        h = output_groups_gemv(
+            x2, w_gate, None, mask_to_u8(mask), group_size, w_up=w_up, activation=activation, config=config,
+            out=out2,
+        )
+    else:
+        from .gemm_gated_up import gated_up_gemm
+
+        p = _plan_for(plan, mask, "output")
+        h = gated_up_gemm(
+            x2, w_gate, w_up, p.group_tokens, p.group_counts, group_size, activation, config=config, out=out2
+        )
+    return _finish(h.reshape(*lead, n_dim), out)
+
+
+def input_group_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    plan: GroupPlan | None = None,
+    *,
+    path: str = "auto",
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+    x_is_masked: bool = False,
+) -> torch.Tensor:
+    """``y[..., N] = (x * mask expanded over K) @ W.T + b`` (each token reduces over its active groups).
+
+    ``x_is_masked=True`` promises that ``x`` is already exactly 0 outside each token's active groups
+    (true for ``h`` from ``gated_up_groups`` with the same mask); the kernels then skip the per-token
+    masking of ``x`` (a wrong promise gives wrong results). The kernels need ``group_size`` to be a
+    multiple of 16; other group sizes use the reference math.
+
+    ``path``: ``"auto"`` = the union-reading GEMV for <= 16 tokens; above, the skipping GEMM
+    (``"gemm"``: per-tile active-group lists, see ``gemm_input_groups``) when at least
+    ``GEMM_MIN_TOKENS`` tokens, ``x_is_masked`` and the plan's token tiles use at most
+    ``GEMM_MAX_TILE_DENSITY`` of the groups (clustered masks; decided with one host sync, never during
+    CUDA-graph capture), else ``"dense"``: cuBLAS on the masked input. On the H200 the skipping GEMM
+    measured slower than cuBLAS everywhere else (benchmarks/results/kernels_linear.md).
+    ``"gemv"`` / ``"gemm"`` / ``"dense"`` force a path.
+    """
+    op = "input_group_linear"
+    _check(op, x, {"weight": weight}, mask, group_size, "K", bias, plan, path)
+    out2 = _check_out(op, out, x, weight.shape[0])
+    if not can_run_triton(x) or group_size % 16:
+        return _finish(input_group_linear_reference(x, weight, mask, group_size, bias), out)
+    lead, k_dim, n_dim = x.shape[:-1], x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, k_dim).contiguous()
+    weight = weight.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    if x2.shape[0] == 0:
+        return x.new_empty(*lead, n_dim) if out is None else out
+    m_u8 = mask_to_u8(mask)
+    num_tokens = x2.shape[0]
+    if path == "auto" and num_tokens > DECODE_MAX_TOKENS:
+        path, plan = _choose_prefill_input_path(plan, mask, num_tokens, x_is_masked)
+    if path == "dense":
+        y = F.linear(x2 if x_is_masked else _mask_input(x2, m_u8, group_size), weight, bias)
+    elif _use_gemv(path, num_tokens):
+        from .gemv_decode import input_groups_gemv
+
+        p = _plan_for(plan, mask, "union")
+        y = input_groups_gemv(
+            x2, weight, bias, m_u8, p.union_groups, p.union_count, group_size, x_is_masked, config=config,
+            out=out2,
+        )
+    else:
+        from .gemm_input_groups import input_groups_gemm
+
+        p = _plan_for(plan, mask, "input")
+        y = input_groups_gemm(
+            x2, weight, bias, m_u8, p.token_order, p.tile_groups, p.tile_group_counts, group_size, p.block_m,
+            x_is_masked, config=config, out=out2,
+        )
+    return _finish(y.reshape(*lead, n_dim), out)

@@ -1,0 +1,246 @@
+"""CPU tests of the head-group attention kernels under the Triton interpreter, against the PyTorch reference.
+
+``TRITON_INTERPRET=1`` must be set before Triton and the kernel modules are imported (Triton reads it when ``@jit``
+decorates, and the interpreter only patches the ``triton.language`` it imported itself). A module fixture therefore
+re-imports Triton if it was first imported without the interpreter, then reloads the kernel modules against it.
+Shapes are tiny and ragged, blocks are 32, every kernel call writes into an output poisoned with NaN, and inputs are
+random (never zeros).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    # Setting the interpreter here would turn the kernels of the GPU tests in this process into interpreted ones.
+    pytest.skip(
+        "interpreter tests: a GPU is present; run them in their own process with TRITON_INTERPRET=1",
+        allow_module_level=True,
+    )
+os.environ["TRITON_INTERPRET"] = "1"
+
+from wide_compile.templates.attention_reference import group_attention_reference  # noqa: E402
+
+# Kernel modules in dependency order (each later one imports launchers of an earlier one by name).
+_KERNEL_MODULES = ("attention_compact", "attention_prefill", "attention_decode", "attention")
+group_attention = group_attention_prefill = group_attention_decode = attention_compact = None
+
+
+def _interpreted_kernel_modules() -> dict:
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(tl.max, InterpretedFunction):  # Triton was imported before TRITON_INTERPRET=1: re-import it
+        for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
+            if not name.startswith("triton._C"):
+                del sys.modules[name]
+        importlib.import_module("triton.language")
+    return {
+        name: importlib.reload(importlib.import_module(f"wide_compile.templates.{name}")) for name in _KERNEL_MODULES
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreted_kernels():
+    """Bind the module-level kernel entry points to interpreter-decorated kernels for this module's tests."""
+    global group_attention, group_attention_prefill, group_attention_decode, attention_compact
+    mods = _interpreted_kernel_modules()
+    attention_compact = mods["attention_compact"]
+    group_attention_prefill = mods["attention_prefill"].group_attention_prefill
+    group_attention_decode = mods["attention_decode"].group_attention_decode
+    group_attention = mods["attention"].group_attention
+    yield
+
+
+DEVICE = "cpu"
+TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def make_mask(kind: str, batch: int, q_len: int, groups: int, gen: torch.Generator) -> torch.Tensor:
+    """Masks used everywhere: all active, all inactive, random (50%), clustered (runs of active tokens)."""
+    if kind == "all":
+        return torch.ones(batch, q_len, groups, dtype=torch.bool)
+    if kind == "none":
+        return torch.zeros(batch, q_len, groups, dtype=torch.bool)
+    if kind == "random":
+        return torch.rand(batch, q_len, groups, generator=gen) < 0.5
+    if kind == "clustered":  # group g active on token runs of length 8 with a per-group phase; group 0 never
+        t = torch.arange(q_len)[None, :, None]
+        g = torch.arange(groups)[None, None, :]
+        b = torch.arange(batch)[:, None, None]
+        return (((t // 8) + g + b) % 2 == 0) & (g != 0)
+    raise ValueError(kind)
+
+
+def make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, dtype, gen):
+    q = torch.randn(batch, hq, q_len, head_dim, generator=gen).to(dtype)
+    k = torch.randn(batch, hkv, kv_len, head_dim, generator=gen).to(dtype)
+    v = torch.randn(batch, hkv, kv_len, head_dim, generator=gen).to(dtype)
+    return q, k, v
+
+
+def poisoned(batch, hq, q_len, head_dim, dtype, merge_heads=False):
+    shape = (batch, q_len, hq * head_dim) if merge_heads else (batch, hq, q_len, head_dim)
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, head_mask: torch.Tensor, dtype: torch.dtype) -> None:
+    assert not torch.isnan(out).any(), "kernel left unwritten (NaN) or produced NaN outputs"
+    out32, ref32 = out.float(), ref.float()
+    hq = out.shape[1]
+    inactive = ~(head_mask != 0).repeat_interleave(hq // head_mask.shape[-1], dim=2).permute(0, 2, 1)
+    assert torch.all(out32[inactive] == 0), "inactive (token, group) pairs must be exactly zero"
+    denom = ref32.norm().item()
+    if denom == 0:
+        assert torch.all(out32 == 0)
+        return
+    rel = (out32 - ref32).norm().item() / denom
+    assert rel < TOL[dtype], f"relative error {rel:.2e} >= {TOL[dtype]:.0e}"
+
+
+@pytest.mark.parametrize("q_len,kind", [(1, "random"), (70, "random"), (2500, "random"), (70, "all"), (37, "none")])
+def test_compaction_matches_reference(q_len, kind):
+    gen = torch.Generator().manual_seed(q_len)
+    head_mask = make_mask(kind, 2, q_len, 3, gen).to(torch.float16)  # non-bool masks are compared with zero
+    order, count = attention_compact.compact_active_rows(head_mask)
+    ref_order, ref_count = attention_compact.compact_active_rows_reference(head_mask)
+    assert torch.equal(count, ref_count)
+    assert torch.equal(order, ref_order)
+
+
+PREFILL_CASES = [
+    # batch, Hq, Hkv, G, T, S, D, causal, dtype, mask
+    (1, 4, 1, 1, 37, 37, 16, True, torch.float32, "random"),
+    (2, 4, 2, 2, 70, 70, 32, True, torch.float32, "random"),
+    (2, 4, 4, 4, 70, 70, 32, False, torch.float32, "clustered"),
+    (1, 4, 2, 2, 37, 70, 32, True, torch.float16, "random"),  # chunked prefill: T < S
+    (2, 4, 2, 4, 37, 5, 16, False, torch.float16, "all"),  # non-causal, T > S
+    (1, 4, 1, 2, 70, 70, 16, True, torch.float16, "clustered"),
+    (2, 4, 2, 2, 37, 37, 32, True, torch.float32, "none"),
+    (1, 4, 2, 1, 5, 5, 32, True, torch.float32, "all"),
+    (1, 4, 2, 2, 70, 70, 24, True, torch.float32, "random"),  # head dim not a power of two
+]
+
+
+@pytest.mark.parametrize("batch,hq,hkv,groups,q_len,kv_len,head_dim,causal,dtype,mask_kind", PREFILL_CASES)
+def test_prefill_matches_reference(batch, hq, hkv, groups, q_len, kv_len, head_dim, causal, dtype, mask_kind):
+    gen = torch.Generator().manual_seed(q_len * 131 + kv_len + head_dim)
+    q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, dtype, gen)
+    head_mask = make_mask(mask_kind, batch, q_len, groups, gen)
+    out = poisoned(batch, hq, q_len, head_dim, dtype)
+    res = group_attention_prefill(q, k, v, head_mask, causal=causal, out=out)
+    assert res is out
+    assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=causal), head_mask, dtype)
+
+
+DECODE_CASES = [
+    # batch, Hq, Hkv, G, T, S, D, causal, dtype, mask, num_splits
+    (2, 4, 2, 2, 1, 70, 32, True, torch.float32, "random", None),
+    (2, 4, 2, 2, 3, 70, 32, True, torch.float32, "random", 3),  # split-KV + reduction
+    (1, 4, 1, 4, 3, 37, 16, True, torch.float16, "clustered", 2),
+    (2, 4, 4, 4, 1, 130, 16, False, torch.float16, "all", 4),
+    (2, 4, 2, 2, 3, 70, 32, True, torch.float32, "none", 3),
+    (1, 4, 2, 1, 3, 5, 32, True, torch.float32, "all", None),
+    (2, 4, 1, 2, 3, 130, 32, False, torch.float32, "random", 5),  # chunks of 32 keys, last one ragged
+]
+
+
+@pytest.mark.parametrize("batch,hq,hkv,groups,q_len,kv_len,head_dim,causal,dtype,mask_kind,splits", DECODE_CASES)
+def test_decode_matches_reference(batch, hq, hkv, groups, q_len, kv_len, head_dim, causal, dtype, mask_kind, splits):
+    gen = torch.Generator().manual_seed(q_len * 7 + kv_len + head_dim)
+    q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, dtype, gen)
+    head_mask = make_mask(mask_kind, batch, q_len, groups, gen)
+    out = poisoned(batch, hq, q_len, head_dim, dtype)
+    res = group_attention_decode(q, k, v, head_mask, causal=causal, out=out, num_splits=splits)
+    assert res is out
+    assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=causal), head_mask, dtype)
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(3, 70), (37, 37)])  # decode and prefill dispatch
+def test_entry_point_merge_heads_strided_inputs_and_float_mask(q_len, kv_len):
+    gen = torch.Generator().manual_seed(5)
+    batch, hq, hkv, head_dim = 2, 4, 2, 32
+    # q/k/v as HF makes them: [B, len, heads, D] transposed to [B, heads, len, D] (non-contiguous)
+    q = torch.randn(batch, q_len, hq, head_dim, generator=gen).transpose(1, 2)
+    k = torch.randn(batch, kv_len, hkv, head_dim, generator=gen).transpose(1, 2)
+    v = torch.randn(batch, kv_len, hkv, head_dim, generator=gen).transpose(1, 2)
+    head_mask = (torch.rand(batch, q_len, hkv, generator=gen) < 0.5).float() * 0.7  # nonzero float = active
+    out = poisoned(batch, hq, q_len, head_dim, torch.float32, merge_heads=True)
+    res = group_attention(q, k, v, head_mask, scale=0.3, merge_heads=True, out=out)
+    assert res is out
+    ref = group_attention_reference(q, k, v, head_mask, scale=0.3)
+    merged = out.unflatten(2, (hq, head_dim)).transpose(1, 2)
+    assert_matches(merged, ref, head_mask, torch.float32)
+
+
+def test_bfloat16_runs_through_fp32_under_interpreter():
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = make_inputs(1, 4, 2, 37, 37, 32, torch.bfloat16, gen)
+    head_mask = make_mask("random", 1, 37, 2, gen)
+    out = poisoned(1, 4, 37, 32, torch.bfloat16)
+    group_attention(q, k, v, head_mask, out=out)
+    assert_matches(out, group_attention_reference(q, k, v, head_mask), head_mask, torch.bfloat16)
+
+
+def test_cpu_without_interpreter_falls_back_to_reference(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = make_inputs(2, 4, 2, 5, 9, 16, torch.float32, gen)
+    head_mask = make_mask("random", 2, 5, 2, gen)
+    out = group_attention(q, k, v, head_mask, merge_heads=True)
+    ref = group_attention_reference(q, k, v, head_mask)
+    torch.testing.assert_close(out, ref.transpose(1, 2).reshape(2, 5, 64))
+
+
+def test_reference_matches_sdpa_when_all_active():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = make_inputs(2, 4, 2, 6, 6, 16, torch.float32, gen)
+    head_mask = torch.ones(2, 6, 2)
+    ref = group_attention_reference(q, k, v, head_mask, causal=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True
+    )
+    torch.testing.assert_close(ref, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def _good_inputs():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = make_inputs(1, 4, 2, 3, 8, 16, torch.float32, gen)
+    return q, k, v, torch.ones(1, 3, 2, dtype=torch.bool)
+
+
+@pytest.mark.parametrize(
+    "mutate,error,match",
+    [
+        (lambda q, k, v, m: (q.to(torch.int32), k, v, m), TypeError, "q dtype"),
+        (lambda q, k, v, m: (q, k.half(), v, m), TypeError, "k dtype"),
+        (lambda q, k, v, m: (q[0], k, v, m), ValueError, "q must be 4-D"),
+        (lambda q, k, v, m: (q, k, v[:, :, :4], m), ValueError, "differs from v shape"),
+        (lambda q, k, v, m: (q, k[..., :8], v[..., :8], m), ValueError, "batch or head dim"),
+        (lambda q, k, v, m: (q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1), m), ValueError,
+         "must divide query heads"),
+        (lambda q, k, v, m: (q, k, v, m[:, :2]), ValueError, "head_mask must have shape"),
+        (lambda q, k, v, m: (q, k, v, torch.ones(1, 3, 3)), ValueError, "G=3"),
+        (lambda q, k, v, m: (q, k[:, :, :2], v[:, :, :2], m), ValueError, "T <= S"),
+        (lambda q, k, v, m: (q, k, v, m.numpy()), TypeError, "head_mask must be a torch.Tensor"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(mutate, error, match):
+    q, k, v, m = mutate(*_good_inputs())
+    with pytest.raises(error, match=match):
+        group_attention(q, k, v, m)
+
+
+def test_bad_out_and_decode_row_limit_raise():
+    q, k, v, m = _good_inputs()
+    with pytest.raises(ValueError, match="out must be"):
+        group_attention(q, k, v, m, out=torch.empty(1, 4, 3, 8))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = make_inputs(1, 64, 1, 3, 8, 16, torch.float32, gen)
+    with pytest.raises(ValueError, match="exceeds 128"):
+        group_attention_decode(q, k, v, torch.ones(1, 3, 1))

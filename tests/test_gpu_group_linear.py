@@ -1,0 +1,149 @@
+"""GPU tests of the group-skipping linear kernels at Llama-3-8B shapes (hidden 4096, intermediate 14336).
+
+FFN groups of 128 channels (gate/up -> down share one plan); attention projections with groups of
+4 query heads x 128 = 512 columns (q: output groups, o: input groups). Every output buffer is
+poisoned with NaN before the call; results are compared to the fp32 PyTorch reference.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wide_compile.templates import (
+    build_group_plan,
+    gated_up_groups,
+    gated_up_groups_reference,
+    input_group_linear,
+    input_group_linear_reference,
+    output_group_linear,
+    output_group_linear_reference,
+)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+HIDDEN, INTER, FFN_GROUP, ATTN_GROUP = 4096, 14336, 128, 512
+
+
+def _mask(kind: str, m: int, g: int, gen: torch.Generator) -> torch.Tensor:
+    if kind == "all":
+        return torch.ones(m, g, dtype=torch.bool, device="cuda")
+    if kind == "none":
+        return torch.zeros(m, g, dtype=torch.bool, device="cuda")
+    if kind == "random":
+        return torch.rand(m, g, generator=gen, device="cuda") < 0.5
+    patterns = torch.rand(6, g, generator=gen, device="cuda") < 0.5  # clustered: 6 router-like patterns
+    return patterns[torch.randint(0, 6, (m,), generator=gen, device="cuda")]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-6)).item()
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, mask=None, group_size: int = 0) -> None:
+    """NaN-free, close to the reference; with ``mask``: outputs of inactive groups exactly 0."""
+    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) outputs remain"
+    assert _rel(out, ref) < 1e-2, f"relative error {_rel(out, ref):.2e}"
+    if mask is not None:
+        inactive = (mask == 0).repeat_interleave(group_size, dim=-1)
+        assert (out[inactive] == 0).all(), "outputs of inactive groups are not exactly 0"
+
+
+@pytest.fixture(scope="module")
+def weights():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def w(n, k):
+        return torch.randn(n, k, generator=gen, device="cuda") / k**0.5
+
+    return {"gate": w(INTER, HIDDEN), "up": w(INTER, HIDDEN), "down": w(HIDDEN, INTER),
+            "q": w(HIDDEN, HIDDEN), "o": w(HIDDEN, HIDDEN), "bias": torch.randn(HIDDEN, device="cuda", generator=gen)}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 4, 16, 256, 1000])
+@pytest.mark.parametrize("kind", ["random", "all", "none", "clustered"])
+def test_llama3_8b_shapes(weights, dtype, m, kind):
+    gen = torch.Generator(device="cuda").manual_seed(m * 31 + len(kind))
+    wt = {k: v.to(dtype) for k, v in weights.items()}
+    x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(dtype)
+    nan = float("nan")
+
+    ffn_mask = _mask(kind, m, INTER // FFN_GROUP, gen)
+    plan = build_group_plan(ffn_mask, parts=("output", "input", "union"))
+    path = "gemv" if m <= 16 else "gemm"  # the kernels (the "auto" prefill input-group path is cuBLAS)
+    h = gated_up_groups(x, wt["gate"], wt["up"], ffn_mask, FFN_GROUP, "silu", plan,
+                        out=torch.full((m, INTER), nan, dtype=dtype, device="cuda"))
+    _check(h, gated_up_groups_reference(x, wt["gate"], wt["up"], ffn_mask, FFN_GROUP, "silu"), ffn_mask, FFN_GROUP)
+    y = input_group_linear(h, wt["down"], ffn_mask, FFN_GROUP, plan=plan, x_is_masked=True, path=path,
+                           out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
+    _check(y, input_group_linear_reference(h, wt["down"], ffn_mask, FFN_GROUP))
+    xd = torch.randn(m, INTER, generator=gen, device="cuda").to(dtype)  # not pre-masked
+    ref_d = input_group_linear_reference(xd, wt["down"], ffn_mask, FFN_GROUP)
+    yd = input_group_linear(xd, wt["down"], ffn_mask, FFN_GROUP, plan=plan, path=path,
+                            out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
+    _check(yd, ref_d)
+    _check(input_group_linear(xd, wt["down"], ffn_mask, FFN_GROUP, plan=plan), ref_d)  # "auto" path
+
+    attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
+    q = output_group_linear(x, wt["q"], attn_mask, ATTN_GROUP, wt["bias"],
+                            out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
+    _check(q, output_group_linear_reference(x, wt["q"], attn_mask, ATTN_GROUP, wt["bias"]), attn_mask, ATTN_GROUP)
+    o = input_group_linear(x, wt["o"], attn_mask, ATTN_GROUP, path=path,
+                           out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
+    _check(o, input_group_linear_reference(x, wt["o"], attn_mask, ATTN_GROUP))
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_gelu_variants_and_batch_dims(weights, activation):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    dtype = torch.bfloat16
+    x = torch.randn(3, 50, HIDDEN, generator=gen, device="cuda").to(dtype)
+    mask = torch.rand(3, 50, INTER // FFN_GROUP, generator=gen, device="cuda") < 0.3
+    wg, wu = weights["gate"].to(dtype), weights["up"].to(dtype)
+    h = gated_up_groups(x, wg, wu, mask, FFN_GROUP, activation)
+    assert h.shape == (3, 50, INTER)
+    _check(h, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, activation), mask, FFN_GROUP)
+
+
+def test_plan_tables_on_gpu():
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    mask = torch.rand(3000, 112, generator=gen, device="cuda") < 0.5
+    plan = build_group_plan(mask, parts=("output", "input", "union"))
+    assert torch.equal(plan.group_counts, mask.sum(0, dtype=torch.int32))
+    for g in (0, 57, 111):
+        c = int(plan.group_counts[g])
+        assert torch.equal(plan.group_tokens[g, :c].long(), mask[:, g].nonzero().flatten())
+        assert torch.equal(plan.group_tokens[g].sort().values.long(), torch.arange(3000, device="cuda"))
+    order = plan.token_order.long()
+    t0 = mask[order[: plan.block_m]].any(0).nonzero().flatten().to(torch.int32)
+    assert int(plan.tile_group_counts[0]) == t0.numel()
+    assert torch.equal(plan.tile_groups[0, : t0.numel()], t0)
+    union = mask[:7].any(0).nonzero().flatten().to(torch.int32)
+    small = build_group_plan(mask[:7])
+    assert int(small.union_count[0]) == union.numel()
+    assert torch.equal(small.union_groups[: union.numel()], union)
+
+
+def test_auto_input_path_on_many_tokens(weights):
+    """M=8192: "auto" takes the skipping GEMM for clustered masks with a pre-masked input, cuBLAS else."""
+    from wide_compile.templates import group_linear as gl
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    m, dtype = 8192, torch.bfloat16
+    wd = weights["down"].to(dtype)
+    g = INTER // FFN_GROUP
+    patterns = torch.rand(6, g, generator=gen, device="cuda") < 0.35
+    for kind in ("clustered", "random"):
+        if kind == "clustered":  # 6 router-like patterns with 35% of groups: sorted tiles ~35-50% dense
+            mask = patterns[torch.randint(0, 6, (m,), generator=gen, device="cuda")]
+        else:
+            mask = _mask(kind, m, g, gen)
+        h = torch.randn(m, INTER, generator=gen, device="cuda").to(dtype)
+        h = h * mask.repeat_interleave(FFN_GROUP, dim=-1).to(dtype)
+        path, plan = gl._choose_prefill_input_path(None, mask, m, True)
+        assert path == ("gemm" if kind == "clustered" else "dense")
+        y = input_group_linear(h, wd, mask, FFN_GROUP, plan=plan, x_is_masked=True)
+        _check(y, input_group_linear_reference(h, wd, mask, FFN_GROUP))

@@ -1,0 +1,288 @@
+"""CPU tests of the group-skipping linear kernels, run by the Triton interpreter (TRITON_INTERPRET=1).
+
+The module fixture sets TRITON_INTERPRET=1 and (re)imports the kernel modules so that their
+``@triton.jit`` functions are interpreted; it restores the environment afterwards. Every kernel output
+buffer is poisoned with NaN before the call and compared to the fp32 PyTorch reference.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+_KERNEL_MODULES = (
+    "wide_compile.templates._triton_utils",
+    "wide_compile.templates.group_plan",
+    "wide_compile.templates.gemm_output_groups",
+    "wide_compile.templates.gemm_gated_up",
+    "wide_compile.templates.gemm_input_groups",
+    "wide_compile.templates.gemv_decode",
+    "wide_compile.templates.group_linear",
+)
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed"),
+    pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests; tests/test_gpu_group_linear.py runs on GPUs"),
+]
+
+
+def _ensure_interpreted_triton() -> None:
+    """Triton's own @jit helpers (tl.max, tl.sum, ...) are interpreted only if triton was imported with
+    TRITON_INTERPRET=1; if another test imported it before, re-import its Python modules."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(tl.max, InterpretedFunction):
+        return
+    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
+        if not name.startswith("triton._C"):
+            del sys.modules[name]
+    importlib.import_module("triton.language")
+
+
+def _reload_kernels() -> dict:
+    mods = {}
+    for name in _KERNEL_MODULES:
+        mod = importlib.import_module(name)
+        mods[name.rsplit(".", 1)[1]] = importlib.reload(mod)
+    return mods
+
+
+@pytest.fixture(scope="module")
+def k():
+    """Kernel modules defined under the interpreter; env and modules restored afterwards."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    _ensure_interpreted_triton()
+    mods = _reload_kernels()
+    from wide_compile.templates import group_linear_reference as ref
+
+    mods["ref"] = ref
+    yield mods
+    if old is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+    _reload_kernels()
+
+
+def _mask(kind: str, m: int, g: int, gen: torch.Generator) -> torch.Tensor:
+    if kind == "all":
+        return torch.ones(m, g, dtype=torch.bool)
+    if kind == "none":
+        return torch.zeros(m, g, dtype=torch.bool)
+    if kind == "random":
+        return torch.rand(m, g, generator=gen) < 0.5
+    # clustered: each token picks one of 3 patterns; given as float (nonzero = active)
+    patterns = torch.rand(3, g, generator=gen) < 0.4
+    return patterns[torch.randint(0, 3, (m,), generator=gen)].float()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-6)).item()
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, mask=None, group_size: int = 0) -> None:
+    """NaN-free, close to the reference; with ``mask``: outputs of inactive groups exactly 0."""
+    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) outputs remain"
+    if mask is not None:
+        inactive = (mask == 0).repeat_interleave(group_size, dim=-1)
+        assert (out[inactive] == 0).all(), "outputs of inactive groups are not exactly 0"
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert _rel(out, ref) < tol, f"relative error {_rel(out, ref):.2e}"
+    assert torch.allclose(out.float(), ref.float(), atol=1e-3 if dtype == torch.float32 else 2e-2, rtol=2e-2)
+
+
+def _poisoned(shape, dtype) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+DTYPES = [torch.float32, torch.float16]
+MASKS = ["all", "none", "random", "clustered"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 37, 70])
+@pytest.mark.parametrize("kind", MASKS)
+def test_three_ops_match_reference(k, dtype, m, kind):
+    """gate/up -> down with one shared plan, plus an output-group projection with bias (K=192, I=256, gs=64)."""
+    gen = torch.Generator().manual_seed(hash((m, kind, str(dtype))) % 2**31)
+    d, inter, gs = 192, 256, 64
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    wg = (torch.randn(inter, d, generator=gen) / d**0.5).to(dtype)
+    wu = (torch.randn(inter, d, generator=gen) / d**0.5).to(dtype)
+    wd = (torch.randn(d, inter, generator=gen) / inter**0.5).to(dtype)
+    bias = torch.randn(inter, generator=gen).to(dtype)
+    mask = _mask(kind, m, inter // gs, gen)
+    plan = k["group_plan"].build_group_plan(mask, parts=("output", "input", "union"))
+    lin = k["group_linear"]
+    path = "gemv" if m <= 16 else "gemm"  # the kernels (the "auto" prefill input-group path is cuBLAS)
+
+    h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", plan, out=_poisoned((m, inter), dtype))
+    _check(h, k["ref"].gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
+    y = lin.input_group_linear(h, wd, mask, gs, plan=plan, out=_poisoned((m, d), dtype), x_is_masked=True,
+                               path=path)
+    _check(y, k["ref"].input_group_linear_reference(h, wd, mask, gs), dtype)
+    q = lin.output_group_linear(x, wg, mask, gs, bias, plan, out=_poisoned((m, inter), dtype))
+    _check(q, k["ref"].output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
+    xd = torch.randn(m, inter, generator=gen).to(dtype)  # not pre-masked: the kernel masks per token
+    ref_d = k["ref"].input_group_linear_reference(xd, wd, mask, gs, bias[:d])
+    yd = lin.input_group_linear(xd, wd, mask, gs, bias[:d], plan, out=_poisoned((m, d), dtype), path=path)
+    _check(yd, ref_d, dtype)
+    _check(lin.input_group_linear(xd, wd, mask, gs, bias[:d], plan), ref_d, dtype)  # "auto" path
+
+
+@pytest.mark.parametrize("path", ["gemm", "gemv"])
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_ragged_shapes_and_forced_paths(k, path, activation):
+    """K not a multiple of the K tile, group size 48 (N tile masked), 32, both paths at ragged M."""
+    gen = torch.Generator().manual_seed(7)
+    dtype = torch.float16
+    lin, ref = k["group_linear"], k["ref"]
+    m, d = (21, 80) if path == "gemm" else (5, 80)
+    for gs, n in ((48, 144), (32, 128)):
+        x = torch.randn(m, d, generator=gen).to(dtype)
+        w = (torch.randn(n, d, generator=gen) / 9).to(dtype)
+        w2 = (torch.randn(n, d, generator=gen) / 9).to(dtype)
+        b = torch.randn(n, generator=gen).to(dtype)
+        mask = torch.rand(m, n // gs, generator=gen) < 0.6
+        # split-K: fp32 atomics (GEMM) / one-launch split with arrival counters (GEMV)
+        split_cfg = {"SPLIT": 2} if path == "gemm" else {"SPLIT": 3}
+        y = lin.output_group_linear(x, w, mask, gs, b, path=path, out=_poisoned((m, n), dtype),
+                                    config=split_cfg if path == "gemv" else None)
+        _check(y, ref.output_group_linear_reference(x, w, mask, gs, b), dtype, mask, gs)
+        h = lin.gated_up_groups(x, w, w2, mask, gs, activation, path=path, out=_poisoned((m, n), dtype),
+                                config=split_cfg if path == "gemv" else None)
+        _check(h, ref.gated_up_groups_reference(x, w, w2, mask, gs, activation), dtype, mask, gs)
+        wd = (torch.randn(d, n, generator=gen) / 12).to(dtype)
+        bd = torch.randn(d, generator=gen).to(dtype)
+        xd = torch.randn(m, n, generator=gen).to(dtype)
+        yd = lin.input_group_linear(xd, wd, mask, gs, bd, path=path, config=split_cfg, out=_poisoned((m, d), dtype))
+        _check(yd, ref.input_group_linear_reference(xd, wd, mask, gs, bd), dtype)
+        yd = lin.input_group_linear(xd, wd, mask, gs, bd, path="dense", out=_poisoned((m, d), dtype))
+        _check(yd, ref.input_group_linear_reference(xd, wd, mask, gs, bd), dtype)
+
+
+def test_batch_dims_noncontiguous_and_int_mask(k):
+    """x[B, T, K] given as a transposed (non-contiguous) view, integer mask with leading dims."""
+    gen = torch.Generator().manual_seed(3)
+    lin, ref = k["group_linear"], k["ref"]
+    xt = torch.randn(2, 128, 20, generator=gen)  # -> x[2, 20, 128] non-contiguous
+    x = xt.transpose(1, 2)
+    assert not x.is_contiguous()
+    w = torch.randn(128, 128, generator=gen) / 11
+    mask = torch.randint(0, 3, (2, 20, 4), generator=gen)  # nonzero = active
+    y = lin.output_group_linear(x, w.t(), mask, 32)  # non-contiguous weight too
+    assert y.shape == (2, 20, 128)
+    _check(y, ref.output_group_linear_reference(x, w.t(), mask, 32), torch.float32, mask, 32)
+    y = lin.input_group_linear(x, w, mask, 32, path="gemm")
+    _check(y, ref.input_group_linear_reference(x, w, mask, 32), torch.float32)
+
+
+@pytest.mark.parametrize("m", [5, 37, 130])
+def test_plan_tables_match_torch_versions(k, m):
+    gp = k["group_plan"]
+    gen = torch.Generator().manual_seed(m)
+    patterns = torch.rand(4, 70, generator=gen) < 0.5  # 70 groups: two sort words
+    mask = patterns[torch.randint(0, 4, (m,), generator=gen)]
+    mask[0] = torch.rand(70, generator=gen) < 0.5
+    plan = gp.build_group_plan(mask, parts=("output", "input", "union"), block_m=32)
+    m_u8 = gp.mask_to_u8(mask)
+
+    tokens, counts = gp.group_token_lists_torch(m_u8)
+    assert torch.equal(plan.group_counts, counts)
+    for g in range(70):
+        c = int(counts[g])
+        assert torch.equal(plan.group_tokens[g, :c], tokens[g, :c])
+        assert torch.equal(plan.group_tokens[g].sort().values, torch.arange(m, dtype=torch.int32))
+
+    order = plan.token_order.long()
+    assert torch.equal(order.sort().values, torch.arange(m))
+    rows = mask[order].to(torch.int64)
+    keys = [tuple(r.tolist()) for r in rows]
+    if m > 32:  # a single tile keeps token order
+        assert keys == sorted(keys), "tokens are not sorted lexicographically by mask pattern"
+    else:
+        assert torch.equal(order, torch.arange(m))
+    lists, tcounts = gp.tile_group_lists_torch(m_u8, plan.token_order, 32)
+    assert torch.equal(plan.tile_group_counts, tcounts)
+    for t in range(len(tcounts)):
+        assert torch.equal(plan.tile_groups[t, : int(tcounts[t])], lists[t, : int(tcounts[t])])
+
+    union = mask.any(0).nonzero().flatten().to(torch.int32)
+    assert int(plan.union_count[0]) == union.numel()
+    assert torch.equal(plan.union_groups[: union.numel()], union)
+
+
+def test_cpu_without_interpreter_uses_reference(k, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    lin, ref = k["group_linear"], k["ref"]
+    x, w = torch.randn(4, 64), torch.randn(128, 64)
+    mask = torch.rand(4, 2) < 0.5
+    assert torch.equal(lin.output_group_linear(x, w, mask, 64), ref.output_group_linear_reference(x, w, mask, 64))
+
+
+def test_plan_is_completed_when_tables_are_missing(k):
+    """A plan built for the output-group op lacks the input-group tables: they are built on demand."""
+    lin, gp, ref = k["group_linear"], k["group_plan"], k["ref"]
+    gen = torch.Generator().manual_seed(11)
+    x, w = torch.randn(40, 128, generator=gen), torch.randn(64, 128, generator=gen)
+    mask = torch.rand(40, 2, generator=gen) < 0.5
+    plan = gp.build_group_plan(mask)
+    assert plan.has("output") and not plan.has("input")
+    y = lin.input_group_linear(x, w, mask, 64, plan=plan, path="gemm")
+    _check(y, ref.input_group_linear_reference(x, w, mask, 64), torch.float32)
+
+
+def test_auto_prefill_input_path_choice(k, monkeypatch):
+    """"auto" picks the skipping GEMM only for many tokens, pre-masked input and sparse token tiles."""
+    lin, gp, ref = k["group_linear"], k["group_plan"], k["ref"]
+    monkeypatch.setattr(lin, "GEMM_MIN_TOKENS", 64)
+    gen = torch.Generator().manual_seed(5)
+    m, gs, g = 96, 32, 4
+    w = torch.randn(48, g * gs, generator=gen)
+    clustered = torch.tensor([[1, 0, 0, 0], [0, 0, 1, 0]], dtype=torch.bool)[torch.randint(0, 2, (m,), generator=gen)]
+    dense_mask = torch.ones(m, g, dtype=torch.bool)
+    for mask, expected in ((clustered, "gemm"), (dense_mask, "dense")):
+        x = torch.randn(m, g * gs, generator=gen) * mask.repeat_interleave(gs, dim=-1)
+        path, plan = lin._choose_prefill_input_path(None, mask, m, True)
+        assert path == expected
+        y = lin.input_group_linear(x, w, mask, gs, x_is_masked=True, out=_poisoned((m, 48), torch.float32))
+        _check(y, ref.input_group_linear_reference(x, w, mask, gs), torch.float32)
+    assert lin._choose_prefill_input_path(None, clustered, m, False)[0] == "dense"  # needs a pre-masked x
+
+
+def test_bad_inputs_raise_clear_errors(k):
+    lin, gp = k["group_linear"], k["group_plan"]
+    x, w = torch.randn(4, 64), torch.randn(128, 64)
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    with pytest.raises(TypeError, match="dtype"):
+        lin.output_group_linear(x.to(torch.int32), w, mask, 64)
+    with pytest.raises(TypeError, match="weight dtype"):
+        lin.output_group_linear(x, w.half(), mask, 64)
+    with pytest.raises(ValueError, match="mask shape"):
+        lin.output_group_linear(x, w, torch.ones(4, 3, dtype=torch.bool), 64)
+    with pytest.raises(ValueError, match="does not divide"):
+        lin.output_group_linear(x, w, mask, 48)
+    with pytest.raises(ValueError, match="does not divide"):
+        lin.input_group_linear(torch.randn(4, 100), torch.randn(8, 100), mask, 64)
+    with pytest.raises(ValueError, match="K="):
+        lin.input_group_linear(x, torch.randn(8, 32), mask, 32)
+    with pytest.raises(ValueError, match="bias"):
+        lin.output_group_linear(x, w, mask, 64, bias=torch.randn(3))
+    with pytest.raises(ValueError, match="activation"):
+        lin.gated_up_groups(x, w, w, mask, 64, "relu6")
+    with pytest.raises(ValueError, match="plan was built"):
+        lin.output_group_linear(x, w, mask, 64, plan=gp.build_group_plan(torch.ones(5, 2, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="path must be one of"):
+        lin.input_group_linear(x, w.t()[:, :64].t().contiguous()[:, :64], mask, 32, path="fast")
+    with pytest.raises(ValueError, match="unknown parts"):
+        gp.build_group_plan(mask, parts=("inputs",))
+    with pytest.raises(ValueError, match="out must have shape"):
+        lin.output_group_linear(x, w, mask, 64, out=torch.empty(4, 5))
+    with pytest.raises(ValueError, match="group_size must be a positive int"):
+        lin.output_group_linear(x, w, mask, 0)
