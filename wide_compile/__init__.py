@@ -8,6 +8,7 @@
 __version__ = "0.1.0"
 
 from . import ops  # noqa: F401  (registers the wide:: custom ops)
+from .backend import compile_report, wide_backend  # noqa: F401  (registers the "wide" torch.compile backend)
 from .api import (
     WideError,
     apply,
@@ -27,9 +28,10 @@ from .api import (
 from .config import WideConfig
 from .serialization import load, load_routers, save
 from .state import realized_masks, skip_rate_tensors
+from .training import TrainConfig, TrainResult, train
 
 __all__ = [
     "WideConfig", "WideError", "apply", "load", "load_routers", "save", "config_of", "describe", "forced", "is_applied", "realized_masks",
     "remove", "router_parameter_fraction", "router_parameters", "routers", "set_forced", "set_temperature", "skip_rate_tensors", "skip_rates",
-    "track_skip_rates",
+    "track_skip_rates", "train", "TrainConfig", "TrainResult",
 ]

@@ -1,0 +1,173 @@
+"""Rewrite the WIDE patterns of a torch-level FX graph into the lowered ``wide::`` ops (``wide_compile.kernel_ops``).
+
+Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and gradients):
+
+1. Gated MLP: ``gm(mul(act(linear(x, Wg)), linear(x, Wu)), m, gs)`` with ``act`` in silu / gelu / gelu-tanh,
+   no biases, and every intermediate used only inside the pattern
+   -> ``h = wide::gated_up_groups(x, Wg, Wu, m, gs, act)``; each linear consuming ``h`` (the down projection)
+   -> ``wide::masked_input_linear(h, m, Wd, bd, gs, x_is_masked=True)`` (``h`` is already zero in skipped groups).
+2. Masked linear: ``linear(gm(x, m, gs), W, b)`` -> ``wide::masked_input_linear(x, m, W, b, gs)``
+   (attention output projections, non-gated or fused-gate/up MLP down projections, LoRA adapters on them).
+
+Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
+``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
+lists why for each ``group_mask`` that was not fully lowered. Patterns inside autocast regions are not rewritten
+(the lowered ops do not follow autocast's casts); the rest of such a graph is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+import wide_compile.kernel_ops  # noqa: F401  (registers the lowered ops)
+
+from .torch_patterns import activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank
+
+
+@dataclass
+class LoweringResult:
+    """What one run of :func:`lower_wide_patterns` did."""
+
+    lowered: dict[str, int] = field(default_factory=dict)  # lowered op name -> number of calls inserted
+    generic: list[str] = field(default_factory=list)  # "node: reason" for masks left (partly) on the generic path
+
+    def count(self, op: str) -> None:
+        self.lowered[op] = self.lowered.get(op, 0) + 1
+
+
+@dataclass
+class GatedMatch:
+    mask_node: fx.Node
+    x: fx.Node
+    w_gate: fx.Node
+    w_up: fx.Node
+    activation: str
+    pattern_nodes: tuple[fx.Node, ...]  # group_mask, mul, act, gate linear, up linear (erased after the rewrite)
+
+
+def autocast_region_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes between ``_enter_autocast`` and ``_exit_autocast`` (Dynamo keeps program order)."""
+    inside, depth = set(), 0
+    for node in graph.nodes:
+        name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+        if name == "_enter_autocast":
+            depth += 1
+        elif name == "_exit_autocast":
+            depth = max(0, depth - 1)
+        elif depth:
+            inside.add(node)
+    return inside
+
+
+def match_gated_mlp(mask_node: fx.Node) -> GatedMatch | str:
+    """The gated-MLP pattern ending at ``mask_node`` (a ``group_mask``), or the reason it does not match."""
+    product = arg(mask_node, 0, "x")
+    if not isinstance(arg(mask_node, 2, "group_size"), int):
+        return "group size is not a constant int"
+    if not is_mul(product):
+        return "input is not a product act(gate) * up"
+    for act_node, up in (product.args, product.args[::-1]):
+        activation = activation_name(act_node)
+        if activation is not None and is_linear(up) and is_linear(arg(act_node, 0, "input")):
+            break
+    else:
+        return "input is not act(linear) * linear with act in silu / gelu / gelu-tanh"
+    gate = arg(act_node, 0, "input")
+    x, w_gate, w_up = arg(gate, 0, "input"), arg(gate, 1, "weight"), arg(up, 1, "weight")
+    if gate is up or arg(up, 0, "input") is not x:
+        return "gate and up projections do not read the same input"
+    if arg(gate, 2, "bias") is not None or arg(up, 2, "bias") is not None:
+        return "gate / up projection has a bias"
+    if any(len(n.users) != 1 for n in (product, act_node, gate, up)):
+        return "an intermediate of act(gate) * up is used outside the pattern"
+    if tensor_rank(w_gate) not in (2, None) or tensor_rank(w_up) not in (2, None):
+        return "gate / up weight is not 2-D"
+    if not same_dtype_and_device(x, w_gate, w_up):
+        return "input and weights differ in dtype or device"
+    return GatedMatch(mask_node, x, w_gate, w_up, activation, (mask_node, product, act_node, gate, up))
+
+
+def _lower_linear_user(graph: fx.Graph, linear: fx.Node, x: fx.Node, mask, group_size: int,
+                       x_is_masked: bool) -> str | None:
+    """Replace ``linear`` (whose input is the masked ``x``) by ``masked_input_linear``; returns why not, or None."""
+    weight, bias = arg(linear, 1, "weight"), arg(linear, 2, "bias")
+    masked = arg(linear, 0, "input")
+    if weight is masked or bias is masked:
+        return f"{linear.name}: the masked value is a weight / bias"
+    if tensor_rank(weight) not in (2, None):
+        return f"{linear.name}: weight is not 2-D"
+    if not same_dtype_and_device(x, weight, bias):
+        return f"{linear.name}: input, weight and bias differ in dtype or device"
+    with graph.inserting_before(linear):
+        new = graph.call_function(torch.ops.wide.masked_input_linear.default,
+                                  (x, mask, weight, bias, group_size, x_is_masked))
+    new.meta = dict(linear.meta)
+    linear.replace_all_uses_with(new)
+    graph.erase_node(linear)
+    return None
+
+
+def _linear_users(node: fx.Node) -> list[fx.Node]:
+    return [u for u in node.users if is_linear(u) and arg(u, 0, "input") is node]
+
+
+def lower_gated_mlps(graph: fx.Graph, result: LoweringResult, skip: set[fx.Node]) -> None:
+    """Pattern 1 (see module docstring); nodes in ``skip`` (autocast regions) are left alone."""
+    for mask_node in [n for n in graph.nodes if is_group_mask(n)]:
+        match = match_gated_mlp(mask_node)
+        if isinstance(match, str) or any(n in skip for n in match.pattern_nodes):
+            continue
+        mask, group_size = arg(mask_node, 1, "mask"), arg(mask_node, 2, "group_size")
+        with graph.inserting_before(mask_node):
+            h = graph.call_function(torch.ops.wide.gated_up_groups.default,
+                                    (match.x, match.w_gate, match.w_up, mask, group_size, match.activation))
+        h.meta = dict(mask_node.meta)
+        mask_node.replace_all_uses_with(h)
+        for node in match.pattern_nodes:  # users first: group_mask, mul, act, gate, up
+            graph.erase_node(node)
+        result.count("gated_up_groups")
+        for linear in _linear_users(h):
+            if linear in skip:
+                result.generic.append(f"{linear.name}: inside an autocast region")
+                continue
+            why = _lower_linear_user(graph, linear, h, mask, group_size, x_is_masked=True)
+            if why is None:
+                result.count("masked_input_linear")
+            else:
+                result.generic.append(why)
+
+
+def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.Node]) -> None:
+    """Pattern 2 (see module docstring), for the ``group_mask`` nodes pattern 1 left; ``skip`` as above."""
+    for mask_node in [n for n in graph.nodes if is_group_mask(n)]:
+        x, mask, group_size = arg(mask_node, 0, "x"), arg(mask_node, 1, "mask"), arg(mask_node, 2, "group_size")
+        if not isinstance(group_size, int):
+            result.generic.append(f"{mask_node.name}: group size is not a constant int")
+            continue
+        for linear in [u for u in _linear_users(mask_node) if u not in skip]:
+            why = _lower_linear_user(graph, linear, x, mask, group_size, x_is_masked=False)
+            if why is None:
+                result.count("masked_input_linear")
+            else:
+                result.generic.append(why)
+        if not mask_node.users:
+            graph.erase_node(mask_node)
+        else:
+            users = ", ".join(f"{u.name}({getattr(u.target, '__name__', u.target)})" for u in mask_node.users)
+            in_autocast = any(u in skip for u in mask_node.users)
+            why = "inside an autocast region" if in_autocast else "not a linear of its input"
+            result.generic.append(f"{mask_node.name}: kept, its value feeds {users} ({why})")
+
+
+def lower_wide_patterns(gm: fx.GraphModule) -> LoweringResult:
+    """Run both rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it."""
+    result = LoweringResult()
+    skip = autocast_region_nodes(gm.graph)
+    lower_gated_mlps(gm.graph, result, skip)
+    lower_masked_linears(gm.graph, result, skip)
+    gm.graph.lint()
+    gm.recompile()
+    return result

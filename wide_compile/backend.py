@@ -1,0 +1,192 @@
+"""The ``wide`` torch.compile backend: WIDE patterns -> group-skipping ops, everything else -> Inductor.
+
+    import torch, wide_compile
+    model = wide_compile.apply(model)
+    compiled = torch.compile(model, backend="wide")                     # or mode="max-autotune-no-cudagraphs", ...
+    print(wide_compile.compile_report(model))                           # graphs, lowered ops, recompiles, breaks
+
+Per Dynamo graph: the masked projections (``linear(wide::group_mask(x, m, gs), W, b)``) and gated MLPs
+(``group_mask(act(x Wg^T) * (x Wu^T), m, gs)`` -> down projection) are rewritten by ``wide_compile.passes.lowering``
+into ``wide::masked_input_linear`` / ``wide::gated_up_groups`` (``wide_compile.kernel_ops``: Triton templates on
+CUDA, the same PyTorch math elsewhere; autograd through both, dense backward), then the graph goes to
+``torch._inductor.compile_fx.compile_fx``. Routers (``wide::router_logits``, ``threshold_gate``, ``topk_gate``) stay
+custom ops that Inductor calls as they are.
+
+What is lowered (tiny models of all 18 test families compile and match eager exactly on CPU):
+- gated MLPs with silu / gelu / gelu-tanh and separate gate / up projections (Llama, Mistral, Qwen2/3, Gemma 1-3,
+  StableLM, OLMo2, Granite, Cohere): ``gated_up_groups`` + down ``masked_input_linear(x_is_masked=True)`` (the
+  down kernel skips re-masking; each op builds only the part of the group plan it needs, so nothing is built twice);
+- every other ``linear`` fed by a ``group_mask``: attention output projections, down projections of fused
+  gate_up (Phi-3) and plain MLPs (GPT-NeoX, OPT, Phi, GPT-J), LoRA-wrapped projections.
+- left on the generic path (``group_mask`` + dense op, reason in ``compile_report``): GPT-2 Conv1D (``addmm``),
+  Falcon (``matmul`` with ``W.T``), biased gate / up, other activations, patterns inside autocast regions.
+
+Arguments that reach the backend:
+- ``mode``: any Inductor mode (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``,
+  ``"max-autotune-no-cudagraphs"``); it becomes the same Inductor config patches ``torch.compile`` would use
+  (``torch._inductor.list_mode_options``). CUDA graphs (``reduce-overhead``) are Inductor's own; the templates
+  build their group plans on the device without host synchronisation, but this path has not run on a GPU yet.
+- ``options``: Inductor config keys (e.g. ``{"fallback_random": True}``), plus the backend's own keys:
+  ``"wide.rewrite"`` (bool, default True: run the rewrites) and ``"wide.inner"`` (``"inductor"`` default,
+  ``"aot_eager"`` or ``"eager"``: what compiles the rewritten graph; the last two are for debugging / fast tests).
+  ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
+  options (``torch._inductor.list_mode_options(mode)``).
+- ``dynamic=`` of ``torch.compile`` acts in Dynamo and needs nothing here.
+
+A graph without any ``wide::`` op (a model that was not ``apply``-ed, or code outside the routed layers, e.g.
+after a graph break) is compiled with plain Inductor; the first such graph of the process raises a
+``WideBackendWarning`` saying so.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from .compile_report import GraphRecord, add_record, compile_report, input_storages, reset_compile_report
+
+__all__ = ["BACKEND_NAME", "WideBackendWarning", "compile_report", "reset_compile_report", "wide_backend"]
+
+BACKEND_NAME = "wide"
+INNER_COMPILERS = ("inductor", "aot_eager", "eager")
+_OWN_OPTIONS = ("wide.rewrite", "wide.inner")
+
+
+class WideBackendWarning(UserWarning):
+    """Something about a graph compiled by the ``wide`` backend that the user should know."""
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    rewrite: bool = True
+    inner: str = "inductor"
+    inductor_options: dict = field(default_factory=dict)
+
+
+def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
+    """Validate ``mode`` / ``options`` (see module docstring); clear errors for unknown values."""
+    from torch._inductor import list_mode_options
+
+    options = dict(options or {})
+    own = {k: options.pop(k) for k in list(options) if k.startswith("wide.")}
+    unknown = sorted(set(own) - set(_OWN_OPTIONS))
+    if unknown:
+        raise ValueError(f"wide backend: unknown option(s) {unknown}; known: {list(_OWN_OPTIONS)}")
+    rewrite, inner = own.get("wide.rewrite", True), own.get("wide.inner", "inductor")
+    if not isinstance(rewrite, bool):
+        raise ValueError(f"wide backend: option 'wide.rewrite' must be a bool, got {rewrite!r}")
+    if inner not in INNER_COMPILERS:
+        raise ValueError(f"wide backend: option 'wide.inner' must be one of {INNER_COMPILERS}, got {inner!r}")
+    modes = list_mode_options()
+    if mode is not None and mode not in modes:
+        raise ValueError(f"wide backend: unknown mode {mode!r}; known: {sorted(modes)}")
+    if inner != "inductor" and (options or mode not in (None, "default")):
+        raise ValueError(f"wide backend: mode / Inductor options need 'wide.inner' = 'inductor', not {inner!r}")
+    known = torch._inductor.config.get_config_copy()
+    bad = sorted(k for k in options if k not in known)
+    if bad:
+        raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
+    return BackendSettings(rewrite, inner, {**list_mode_options(mode or "default"), **options})
+
+
+_warned_plain = False
+
+
+def _warn_plain_once() -> None:
+    global _warned_plain
+    if not _warned_plain:
+        _warned_plain = True
+        warnings.warn(
+            "wide backend: a graph has no wide:: ops (the model was not transformed with wide_compile.apply(), or "
+            "this graph is outside its routed layers); it is compiled with plain Inductor. "
+            "Shown once per process.", WideBackendWarning, stacklevel=2)
+
+
+def _inner_compile(gm: fx.GraphModule, example_inputs: Sequence, settings: BackendSettings) -> Callable:
+    if settings.inner == "eager":
+        return gm.forward
+    if settings.inner == "aot_eager":
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend("aot_eager")(gm, example_inputs)
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs, config_patches=settings.inductor_options or None)
+
+
+def _where(gm: fx.GraphModule) -> tuple[str, str | None]:
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    stack = getattr(reason, "user_stack", None) or []
+    code = f"{stack[0].filename}:{stack[0].lineno} in {stack[0].name}" if stack else "?"
+    return code, (reason.reason if reason is not None and reason.graph_break else None)
+
+
+def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None = None,
+                 options: dict | None = None) -> Callable:
+    """Dynamo backend (registered as ``"wide"``): lower WIDE patterns in ``gm``, then compile it (Inductor)."""
+    from wide_compile.passes.lowering import LoweringResult, lower_wide_patterns
+    from wide_compile.passes.torch_patterns import wide_op_names
+
+    settings = parse_settings(mode, options)
+    wide_ops = wide_op_names(gm.graph)
+    if not wide_ops:
+        _warn_plain_once()
+    result = lower_wide_patterns(gm) if settings.rewrite and wide_ops else LoweringResult()
+    compiled = _inner_compile(gm, example_inputs, settings)
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    code, graph_break = _where(gm)
+    add_record(GraphRecord(  # after the inner compile: a Dynamo restart (exception) leaves no record
+        compile_id=str(compile_id) if compile_id is not None else "?/0", code=code,
+        nodes=sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes),
+        wide_ops=wide_ops, lowered=result.lowered, generic=result.generic, graph_break=graph_break,
+        inner=settings.inner, options=settings.inductor_options, graph_module=gm,
+        storages=input_storages(example_inputs),
+        is_recompile=bool(getattr(compile_id, "frame_compile_id", 0)),
+    ))
+    return compiled
+
+
+class _LazyEntry:
+    """Stands in for an entry point in Dynamo's backend table, so that both ``import wide_compile`` and the
+    ``torch_dynamo_backends`` entry point register ``"wide"`` once (Dynamo loads entries on first lookup)."""
+
+    name, value = BACKEND_NAME, "wide_compile.backend:wide_backend"
+
+    def load(self) -> Callable:
+        return wide_backend
+
+
+def _entry_point_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.name == BACKEND_NAME and ep.value == _LazyEntry.value
+               for ep in entry_points(group="torch_dynamo_backends"))
+
+
+def _register() -> None:
+    """Make ``"wide"`` known to Dynamo, importing Dynamo only when needed.
+
+    Importing ``torch._dynamo`` imports Triton, which must not happen before ``TRITON_INTERPRET`` is set (CPU
+    tests), and ``import wide_compile`` runs early (pytest plugin). With the package installed, Dynamo finds the
+    ``torch_dynamo_backends`` entry point by itself on the first lookup of ``"wide"``; otherwise, or when Dynamo
+    is already loaded, the backend is put in Dynamo's table now.
+    """
+    if "torch._dynamo" not in sys.modules and _entry_point_installed():
+        return
+    from torch._dynamo.backends import registry
+
+    if BACKEND_NAME in getattr(registry, "_COMPILER_FNS", {}):
+        return
+    table = getattr(registry, "_BACKENDS", None)
+    if isinstance(table, dict):
+        table.setdefault(BACKEND_NAME, _LazyEntry())
+    else:  # registry layout changed: fall back to the public decorator
+        registry.register_backend(compiler_fn=wide_backend, name=BACKEND_NAME)
+
+
+_register()

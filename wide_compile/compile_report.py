@@ -1,0 +1,107 @@
+"""What the ``wide`` backend compiled: one record per graph, plus Dynamo's graph-break counters.
+
+``wide_compile.compile_report(model)`` after running a ``torch.compile(model, backend="wide")`` model:
+
+    report = wide_compile.compile_report(model)
+    print(report)               # one line per graph: compile id, wide:: ops captured, ops lowered, why not
+    report.recompiles           # graphs compiled again for a frame (Dynamo compile id "frame/n" with n > 0)
+    report.graph_breaks         # {reason: count}, process-wide (torch._dynamo.utils.counters["graph_break"])
+
+Recompile reasons are not recorded here: run with ``TORCH_LOGS=recompiles`` (or
+``torch._logging.set_logs(recompiles=True)``) to see the failing guard of each recompile, and
+``torch._dynamo.explain(model)(*inputs)`` for graph-break locations without compiling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx, nn
+
+
+@dataclass
+class GraphRecord:
+    """One graph the ``wide`` backend compiled."""
+
+    compile_id: str  # Dynamo's "frame/n": n > 0 means this frame was recompiled
+    code: str  # "file:line in function" where the graph's frame starts
+    nodes: int  # call nodes in the captured graph
+    wide_ops: dict[str, int]  # wide:: ops in the captured graph, by name
+    lowered: dict[str, int]  # lowered ops inserted by the backend, by name
+    generic: list[str]  # group_mask nodes left (partly) on the generic path, with the reason
+    graph_break: str | None  # reason, when the graph ended at a graph break
+    inner: str  # inner compiler: "inductor", "aot_eager" or "eager"
+    options: dict  # Inductor config patches used (mode + options)
+    graph_module: fx.GraphModule = field(repr=False)  # the rewritten graph given to the inner compiler
+    storages: frozenset[int] = field(default=frozenset(), repr=False)  # storages of the real inputs
+    is_recompile: bool = False  # Dynamo compiled this frame before (frame_compile_id > 0)
+
+
+@dataclass
+class CompileReport:
+    graphs: list[GraphRecord]
+    graph_breaks: dict[str, int]
+
+    @property
+    def recompiles(self) -> int:
+        return sum(g.is_recompile for g in self.graphs)
+
+    @property
+    def lowered(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for g in self.graphs:
+            for op, n in g.lowered.items():
+                totals[op] = totals.get(op, 0) + n
+        return totals
+
+    def __str__(self) -> str:
+        lines = [f"wide backend: {len(self.graphs)} graph(s), {self.recompiles} recompile(s), "
+                 f"{sum(self.graph_breaks.values())} graph break(s) (process-wide); lowered {self.lowered}"]
+        for g in self.graphs:
+            lines.append(f"  [{g.compile_id}] {g.code}: {g.nodes} nodes, wide ops {g.wide_ops}, lowered {g.lowered}"
+                         f"{', ended by graph break' if g.graph_break else ''}")
+            lines += [f"      generic path: {why}" for why in g.generic]
+        for reason, n in self.graph_breaks.items():
+            lines.append(f"  graph break x{n}: {reason.splitlines()[0]}")
+        return "\n".join(lines)
+
+
+_RECORDS: list[GraphRecord] = []
+
+
+def input_storages(example_inputs) -> frozenset[int]:
+    """Data pointers of the real tensors among a graph's inputs (parameters share the model's storage)."""
+    keys = set()
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta":
+            ptr = t.untyped_storage().data_ptr()
+            if ptr:
+                keys.add(ptr)
+    return frozenset(keys)
+
+
+def add_record(record: GraphRecord) -> None:
+    _RECORDS.append(record)
+
+
+def reset_compile_report() -> None:
+    """Forget the recorded graphs (Dynamo's counters are reset by ``torch._dynamo.reset()``)."""
+    _RECORDS.clear()
+
+
+def _model_storages(model: nn.Module) -> set[int]:
+    inner = getattr(model, "_orig_mod", model)
+    tensors = list(inner.parameters()) + list(inner.buffers())
+    return {t.untyped_storage().data_ptr() for t in tensors if t.device.type != "meta"} - {0}
+
+
+def compile_report(model: nn.Module | None = None) -> CompileReport:
+    """The graphs the ``wide`` backend compiled (for ``model`` only when given: graphs reading its parameters)."""
+    from torch._dynamo.utils import counters
+
+    graphs = list(_RECORDS)
+    if model is not None:
+        keys = _model_storages(model)
+        graphs = [g for g in graphs if g.storages & keys]
+    return CompileReport(graphs=graphs, graph_breaks=dict(counters["graph_break"]))
