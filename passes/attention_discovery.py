@@ -9,7 +9,7 @@ import torch
 from torch import fx
 
 from .errors import DiscoveryError
-from .graph_utils import LAYOUT_OPS, bfs, shape, tensor_inputs, tensor_value, tensor_users
+from .graph_utils import LAYOUT_OPS, bfs, shape, tensor_inputs, tensor_users
 from .projections import Projection
 
 aten = torch.ops.aten
@@ -94,7 +94,8 @@ def _output_projection(core: fx.Node, projections: dict, where: str) -> tuple[Pr
 
 def _check_head_major(core: fx.Node, path: list[fx.Node], heads: int, head_dim: int, where: str) -> None:
     """Replay the layout ops on a probe whose values are channel ids; they must come out h*D + d."""
-    b, h, t, d = shape(core) if not isinstance(core.meta.get("val"), (tuple, list)) else shape_of_first(core)
+    value = core.meta["val"]
+    b, h, t, d = (value[0] if isinstance(value, (tuple, list)) else value).shape
     probe = torch.arange(h * d, dtype=torch.float64).view(1, h, 1, d).expand(b, h, t, d).contiguous()
     values = {core: probe}
     for node in path:
@@ -117,10 +118,6 @@ def _check_head_major(core: fx.Node, path: list[fx.Node], heads: int, head_dim: 
             f"attention at {where}: the output projection's input is not laid out head-major "
             "([..., heads * head_dim]); unsupported block pattern"
         )
-
-
-def shape_of_first(node: fx.Node) -> tuple[int, ...]:
-    return tuple(int(s) for s in node.meta["val"][0].shape)
 
 
 def _kv_heads(q_p: Projection, k_p: Projection, v_p: Projection, k_core: fx.Node, heads: int, head_dim: int,
@@ -172,4 +169,4 @@ def find_attention(graph: fx.Graph, projections: dict[fx.Node, Projection]) -> l
     return matches
 
 
-__all__ = ["AttentionMatch", "find_attention", "tensor_value"]
+__all__ = ["AttentionMatch", "find_attention"]

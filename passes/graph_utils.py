@@ -11,8 +11,6 @@ from torch import fx
 
 aten = torch.ops.aten
 
-_LAYER_PATH = re.compile(r"^(.*\.\d+)(\.|$)")
-
 # Ops that only change how a tensor is viewed/laid out (element order preserved per token and channel).
 LAYOUT_OPS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.transpose.int,
@@ -103,11 +101,8 @@ def _normalise_path(path: str) -> str:
 
 
 def layer_path(module_path: str) -> str | None:
-    """The repeated-layer prefix of a module path (``model.layers.3`` for ``model.layers.3.mlp.up``)."""
-    match = _LAYER_PATH.match(module_path)
-    if not match:
-        return None
-    # take the LAST numeric component that is followed by a named submodule or ends the path
+    """The repeated-layer prefix of a module path (``model.layers.3`` for ``model.layers.3.mlp.up``):
+    everything up to its last numeric component, or None when it has none."""
     parts = module_path.split(".")
     last = None
     for i, part in enumerate(parts):
@@ -140,7 +135,3 @@ def ancestors(node: fx.Node, stop: Callable[[fx.Node], bool] = lambda n: False) 
 def tensor_users(node: fx.Node) -> list[fx.Node]:
     """Users of a node that carry tensors onwards."""
     return [u for u in node.users if carries_tensors(u)]
-
-
-def is_scalar_arg(arg) -> bool:
-    return isinstance(arg, (int, float, bool)) or arg is None

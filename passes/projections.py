@@ -8,7 +8,6 @@ import torch
 from torch import fx
 
 from .capture import CapturedGraph
-from .graph_utils import module_stack, shape
 
 aten = torch.ops.aten
 
@@ -87,11 +86,3 @@ def find_projections(captured: CapturedGraph) -> dict[fx.Node, Projection]:
         if proj is not None:
             found[node] = proj
     return found
-
-
-def node_module_path(node: fx.Node) -> str:
-    stack = module_stack(node)
-    return stack[-1] if stack else ""
-
-
-__all__ = ["Projection", "find_projections", "node_module_path", "shape"]
