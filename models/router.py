@@ -18,7 +18,8 @@ class GroupRouter(nn.Module):
     recompiles a compiled graph.
     """
 
-    def __init__(self, hidden: int, groups: int, rank: int = 32, dtype=None, device=None):
+    def __init__(self, hidden: int, groups: int, rank: int = 32, dtype=None, device=None,
+                 generator: torch.Generator | None = None):
         super().__init__()
         if groups < 1 or rank < 1:
             raise ValueError(f"router needs groups >= 1 and rank >= 1, got groups={groups}, rank={rank}")
@@ -29,11 +30,14 @@ class GroupRouter(nn.Module):
         self.w_out = nn.Parameter(torch.empty(2 * groups, rank, **factory))
         self.b_out = nn.Parameter(torch.zeros(2 * groups, **factory))
         self.register_buffer("tau", torch.ones((), dtype=torch.float32, device=device), persistent=False)
-        self.reset_parameters()
+        self.reset_parameters(generator)
 
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.w_in, std=1.0 / math.sqrt(self.hidden))
-        nn.init.normal_(self.w_out, std=1.0 / math.sqrt(self.rank))
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Random projections (``generator`` on the CPU makes them reproducible on any device), zero biases."""
+        for weight, fan_in in ((self.w_in, self.hidden), (self.w_out, self.rank)):
+            init = torch.randn(weight.shape, generator=generator, dtype=torch.float32) / math.sqrt(fan_in)
+            with torch.no_grad():
+                weight.copy_(init.to(weight.device, weight.dtype))
         nn.init.zeros_(self.b_in)
         nn.init.zeros_(self.b_out)
 

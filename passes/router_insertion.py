@@ -102,13 +102,15 @@ def _rebind(state: WideState, entries: list[HookEntry]) -> None:
 
 
 def install(model: nn.Module, blueprint: ModelBlueprint, config: WideConfig,
-            router_dtype: torch.dtype = torch.float32) -> WideState:
+            router_dtype: torch.dtype = torch.float32, seed: int | None = None) -> WideState:
     """Create routers and hooks on ``model``; on any failure the model is left as it was."""
     specs = plan_blocks(blueprint, config.blocks, config.attn_group_size, config.ffn_group_size)
     device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
     blocks = [
         RoutedBlock(s.layer_index, s.layer_path, s.kind, s.groups, s.group_width, s.source_path, s.target_path,
-                    GroupRouter(blueprint.hidden_size, s.groups, config.router_rank, dtype=router_dtype, device=device))
+                    GroupRouter(blueprint.hidden_size, s.groups, config.router_rank, dtype=router_dtype, device=device,
+                                generator=generator))
         for s in specs
     ]
     for block in blocks:

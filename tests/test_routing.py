@@ -122,3 +122,11 @@ def test_padded_batches_with_attention_mask_and_generate(family):
         routed = wide.generate(ids, attention_mask=attention_mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert routed.shape == (2, ids.shape[1] + 4)
     assert all(m.shape[-1] == b.groups for b in wide_compile.state.get_state(wide).blocks for m in [b.mask])
+
+
+def test_seed_makes_router_initialisation_reproducible():
+    a = wide_compile.apply(tiny_model("llama"), ffn_group_size=32, seed=3)
+    b = wide_compile.apply(tiny_model("llama"), ffn_group_size=32, seed=3)
+    c = wide_compile.apply(tiny_model("llama"), ffn_group_size=32, seed=4)
+    pa, pb, pc = (torch.cat([p.flatten() for p in wide_compile.router_parameters(m)]) for m in (a, b, c))
+    assert torch.equal(pa, pb) and not torch.equal(pa, pc)

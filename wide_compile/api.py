@@ -35,12 +35,14 @@ def _check_causal_lm(model) -> None:
 def apply(model: nn.Module, sparsity: float = 0.5, *, attn_group_size: int | None = None,
           ffn_group_size: int = 128, router_rank: int = 32, budget: str = "learned",
           blocks: tuple[str, ...] = ("attention", "mlp"), allow_partial: bool = False,
-          router_dtype: torch.dtype = torch.float32, config: WideConfig | None = None) -> nn.Module:
+          router_dtype: torch.dtype = torch.float32, seed: int | None = None,
+          config: WideConfig | None = None) -> nn.Module:
     """Make ``model`` a WIDE model: per-token routers choose which head / channel groups run.
 
     Finds every decoder layer's attention and MLP blocks from the model's captured graph (no
     per-architecture code), adds one low-rank router per layer and sublayer, and masks the input of each
     output / down projection per token and group. Returns the same model object, still a normal HF model.
+    ``seed`` makes the router initialisation reproducible (otherwise it draws from torch's global RNG).
 
     Raises ``ValueError``/``WideError`` (model left unchanged) for a bad sparsity or group size, a model that is
     not a causal LM, a graph with an unrecognised block, or a model that was already transformed.
@@ -54,7 +56,7 @@ def apply(model: nn.Module, sparsity: float = 0.5, *, attn_group_size: int | Non
     if find_state(model) is not None:
         raise WideError("wide_compile.apply() was already applied to this model; call wide_compile.remove() first")
     blueprint = discover(model, allow_partial=config.allow_partial)
-    install(model, blueprint, config, router_dtype=router_dtype)
+    install(model, blueprint, config, router_dtype=router_dtype, seed=seed)
     return model
 
 
