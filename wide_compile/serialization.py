@@ -33,17 +33,24 @@ def _layout(model: nn.Module) -> dict:
     return {f"{b.layer_path}.{b.kind}": [b.groups, b.group_width] for b in get_state(model).blocks}
 
 
+def write_routers(model: nn.Module, folder: str | Path) -> None:
+    """Write ``wide_routers.safetensors`` and ``wide_config.json`` (config + group layout) into ``folder``."""
+    folder = Path(folder)
+    state = get_state(model)
+    routers = router_state_dict(state.root)
+    save_file({k: v.detach().contiguous().cpu() for k, v in routers.items()}, str(folder / ROUTERS_FILE))
+    meta = {"wide_compile_version": __version__, "config": state.config.to_dict(),
+            "architecture": state.blueprint.architecture, "layout": _layout(state.root)}
+    (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+
+
 def save(model: nn.Module, path: str | Path, **save_pretrained_kwargs) -> Path:
     """Write the base model (HF format), ``wide_config.json`` and ``wide_routers.safetensors`` to ``path``."""
     path = Path(path)
-    state = get_state(model)
     routers = router_state_dict(model)
     base = {k: v for k, v in model.state_dict().items() if k not in routers}
     model.save_pretrained(path, state_dict=base, **save_pretrained_kwargs)
-    save_file({k: v.detach().contiguous().cpu() for k, v in routers.items()}, str(path / ROUTERS_FILE))
-    meta = {"wide_compile_version": __version__, "config": state.config.to_dict(),
-            "architecture": state.blueprint.architecture, "layout": _layout(model)}
-    (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+    write_routers(model, path)
     return path
 
 

@@ -12,7 +12,6 @@ Layout of ``<output_dir>/checkpoint-<step>/``:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -23,8 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from wide_compile import __version__
-from wide_compile.serialization import CONFIG_FILE, ROUTERS_FILE, _layout, load_routers, router_state_dict
+from wide_compile.serialization import load_routers, write_routers
 from wide_compile.state import get_state
 
 TRAINER_FILE = "trainer_state.pt"
@@ -64,12 +62,7 @@ def save_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, traine
     tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    root = get_state(model).root
-    save_file({k: v.detach().cpu().contiguous() for k, v in router_state_dict(root).items()}, str(tmp / ROUTERS_FILE))
-    state = get_state(root)
-    meta = {"wide_compile_version": __version__, "config": state.config.to_dict(),
-            "architecture": state.blueprint.architecture, "layout": _layout(root)}
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+    write_routers(model, tmp)
     if lora:
         save_file(lora, str(tmp / LORA_FILE))
     torch.save({"step": trainer.step, "data_position": trainer.data_position, "tokens": trainer.tokens,
