@@ -48,14 +48,15 @@ def _first_tensor(args, kwargs, where: str) -> torch.Tensor:
 class RouteHook:
     """Pre-hook on a router-source module: run the routers of its blocks on the residual."""
 
-    def __init__(self, state: WideState, blocks: list[RoutedBlock], source: str):
+    def __init__(self, state: WideState, blocks: list[RoutedBlock], source: str, targets: list[HookEntry]):
         self.state, self.blocks, self.source = state, blocks, source
+        self.targets = targets  # the mask hooks of these blocks, re-bound if PEFT replaced their module
 
     def __call__(self, module, args, kwargs):
         x = _first_tensor(args, kwargs, self.source)
         state = self.state
         if not torch.compiler.is_compiling():
-            _rebind(state, [e for e in state.hooks if any(e.path == b.target_path for b in self.blocks)])
+            _rebind(state, self.targets)
         for block in self.blocks:
             if x.shape[-1] != block.router.hidden:
                 raise RuntimeError(
@@ -125,7 +126,9 @@ def install(model: nn.Module, blueprint: ModelBlueprint, config: WideConfig,
             entry.bind(model.get_submodule(entry.path))
         state.hooks.extend(targets.values())
         for source in dict.fromkeys(b.source_path for b in blocks):
-            entry = HookEntry(source, None, RouteHook(state, [b for b in blocks if b.source_path == source], source))
+            routed = [b for b in blocks if b.source_path == source]
+            hook = RouteHook(state, routed, source, [targets[b.target_path] for b in routed])
+            entry = HookEntry(source, None, hook)
             entry.bind(model.get_submodule(source))
             state.hooks.append(entry)
         setattr(model, STATE_ATTR, state)
