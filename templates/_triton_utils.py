@@ -59,6 +59,29 @@ if HAS_TRITON:
         return local // size_n, first_n + local % size_n
 
     @triton.jit
+    def output_group_tile(M, N, tokens_ptr, counts_ptr, GROUP_SIZE: tl.constexpr, TILES_PER_GROUP: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr):
+        """This program's tile of an output-group GEMM over the per-group reordered token list.
+
+        Returns ``(tile_start, offs_m, rows, count, offs_n, valid_n, out_mask)``: the tile's first position
+        in group ``g``'s list (active tokens first; the tile is fully inactive when ``tile_start >= count``),
+        the token rows it gathers / scatters, and its output columns.
+        """
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = (N // GROUP_SIZE) * TILES_PER_GROUP
+        pid_m, pid_n = swizzle_n_major(tl.program_id(0), num_m, num_n, GROUP_N)
+        g = pid_n // TILES_PER_GROUP
+        offs_gn = (pid_n % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid_n = offs_gn < GROUP_SIZE
+        offs_n = g * GROUP_SIZE + offs_gn
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        valid_m = offs_m < M
+        rows = tl.load(tokens_ptr + g.to(tl.int64) * M + offs_m, mask=valid_m, other=0).to(tl.int64)
+        count = tl.load(counts_ptr + g)
+        out_mask = valid_m[:, None] & valid_n[None, :]
+        return pid_m * BLOCK_M, offs_m, rows, count, offs_n, valid_n, out_mask
+
+    @triton.jit
     def swizzle_m_major(pid, num_m, num_n, GROUP_M: tl.constexpr):
         """Program id -> (m tile, n tile), GROUP_M m tiles side by side, sweeping n tiles (L2 reuse)."""
         width = GROUP_M * num_n

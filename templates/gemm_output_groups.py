@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, swizzle_n_major
+from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_group_tile
 
 if HAS_TRITON:
     import triton
@@ -34,20 +34,10 @@ if HAS_TRITON:
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):
-        num_m = tl.cdiv(M, BLOCK_M)
-        num_n = (N // GROUP_SIZE) * TILES_PER_GROUP
-        pid_m, pid_n = swizzle_n_major(tl.program_id(0), num_m, num_n, GROUP_N)
-        g = pid_n // TILES_PER_GROUP
-        offs_gn = (pid_n % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
-        valid_n = offs_gn < GROUP_SIZE
-        offs_n = g * GROUP_SIZE + offs_gn
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        valid_m = offs_m < M
-        rows = tl.load(tokens_ptr + g.to(tl.int64) * M + offs_m, mask=valid_m, other=0).to(tl.int64)
-        count = tl.load(counts_ptr + g)
+        tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
+            M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
         y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
-        out_mask = valid_m[:, None] & valid_n[None, :]
-        if pid_m * BLOCK_M >= count:  # fully inactive tile: zeros only
+        if tile_start >= count:  # fully inactive tile: zeros only
             tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
         else:
             offs_k = tl.arange(0, BLOCK_K)
