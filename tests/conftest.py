@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -9,3 +10,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run faster on one thread (and do not suffer from a busy 2-core machine)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -17,12 +17,7 @@ from wide_compile.evaluation import perplexity
 from wide_compile.training.cpu_threads import idle_cpu_threads
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

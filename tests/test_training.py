@@ -24,13 +24,7 @@ from wide_compile.training.sequences import BatchOrder, build_sequences
 WORDS = "the quick brown fox jumps over a lazy dog while five wizards box and vex a jolly queen".split()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run faster on one thread (and do not suffer from a busy 2-core machine)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _write_jsonl(path, n_docs, seed, words_per_doc=(20, 90), tag=""):

@@ -137,7 +137,7 @@ def forced(model: nn.Module, decisions: Forced) -> Iterator[None]:
 
 def set_forced(model: nn.Module, decisions: Forced | None) -> None:
     """Like :func:`forced`, without a context (``None`` gives control back to the routers)."""
-    if decisions is not None and not (decisions in ("execute", "skip") if isinstance(decisions, str) else True):
+    if isinstance(decisions, str) and decisions not in ("execute", "skip"):
         raise ValueError(f"forced decisions must be 'execute', 'skip', a dict of masks or a callable, got {decisions!r}")
     get_state(model).forced = decisions
 
