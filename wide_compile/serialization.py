@@ -37,6 +37,7 @@ def write_routers(model: nn.Module, folder: str | Path) -> None:
     """Write ``wide_routers.safetensors`` and ``wide_config.json`` (config + group layout) into ``folder``."""
     folder = Path(folder)
     state = get_state(model)
+    folder.mkdir(parents=True, exist_ok=True)
     routers = router_state_dict(state.root)
     save_file({k: v.detach().contiguous().cpu() for k, v in routers.items()}, str(folder / ROUTERS_FILE))
     meta = {"wide_compile_version": __version__, "config": state.config.to_dict(),
