@@ -84,3 +84,21 @@ def test_group_mask_and_router_gradcheck():
 ])
 def test_opcheck(op, args):
     torch.library.opcheck(op, args(), test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_router_logits_ignore_autocast_and_backprop_under_it():
+    """Under bf16 autocast (GPU training) the router still computes in its own dtype: same logits, same grads."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    params = [torch.randn(4, 16), torch.randn(4), torch.randn(6, 4), torch.randn(6)]
+    params = [p.requires_grad_() for p in params]
+    results = []
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = torch.ops.wide.router_logits(x, *params)
+        assert logits.dtype == torch.float32
+        grads = torch.autograd.grad((logits * torch.linspace(-1, 1, 6).view(3, 2)).sum(), [x, *params])
+        results.append((logits.detach(), grads))
+    assert torch.equal(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b)

@@ -20,8 +20,13 @@ from torch import Tensor
 
 @torch.library.custom_op("wide::router_logits", mutates_args=())
 def router_logits(x: Tensor, w_in: Tensor, b_in: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
-    """Low-rank router: ``(x @ w_in.T + b_in) @ w_out.T + b_out`` viewed as ``[..., groups, 2]``."""
-    out = F.linear(F.linear(x, w_in, b_in), w_out, b_out)
+    """Low-rank router: ``(x @ w_in.T + b_in) @ w_out.T + b_out`` viewed as ``[..., groups, 2]``.
+
+    Computed in the dtypes it is given, also inside an autocast region (routers are cheap, and their
+    decisions must not depend on whether training runs under bf16 autocast).
+    """
+    with torch.autocast(x.device.type, enabled=False):
+        out = F.linear(F.linear(x, w_in, b_in), w_out, b_out)
     return out.unflatten(-1, (w_out.shape[0] // 2, 2))
 
 
@@ -37,15 +42,15 @@ def _router_setup(ctx, inputs, output):
 
 def _router_backward(ctx, grad):
     x, w_in, b_in, w_out = ctx.saved_tensors
-    g = grad.flatten(-2)  # [..., 2G]
-    h = F.linear(x, w_in, b_in)
+    g = grad.flatten(-2).to(w_out.dtype)  # [..., 2G]
+    h = F.linear(x.to(w_in.dtype), w_in, b_in)
     g2, h2, x2 = g.reshape(-1, g.shape[-1]), h.reshape(-1, h.shape[-1]), x.reshape(-1, x.shape[-1])
     g_h = g @ w_out
-    gx = g_h @ w_in if ctx.needs_input_grad[0] else None
+    gx = (g_h @ w_in).to(x.dtype) if ctx.needs_input_grad[0] else None
     g_h2 = g_h.reshape(-1, g_h.shape[-1])
     return (
         gx,
-        g_h2.T @ x2 if ctx.needs_input_grad[1] else None,
+        g_h2.T @ x2.to(w_in.dtype) if ctx.needs_input_grad[1] else None,
         g_h2.sum(0) if ctx.needs_input_grad[2] else None,
         g2.T @ h2 if ctx.needs_input_grad[3] else None,
         g2.sum(0) if ctx.needs_input_grad[4] else None,
