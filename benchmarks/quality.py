@@ -46,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--timing-tokens", type=int, default=0,
                     help="first train WIDE stage 1 at 0.5 alone for this many tokens and report tokens/s")
     ap.add_argument("--calibration-samples", type=int, default=128)
+    ap.add_argument("--ffn-group-size", type=int, default=128)
     ap.add_argument("--ppl-windows", type=int, default=None, help="WikiText-2 windows (default: all)")
     return ap.parse_args(argv)
 
@@ -110,16 +111,18 @@ def main(argv=None) -> int:
                            seed=args.seed, tasks=tuple(t for t in args.tasks.split(",") if t), limit=args.limit,
                            eval_batch_size=args.eval_batch_size, device=device, out_dir=str(out),
                            calibration_samples=args.calibration_samples,
-                           ppl_max_windows=args.ppl_windows)
+                           ppl_max_windows=args.ppl_windows, ffn_group_size=args.ffn_group_size)
     command = "python benchmarks/quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     record: dict = {"command": command, "settings": asdict(settings), "environment": environment(device)}
     timing_file = out / "timing.json"
     if args.timing_tokens and not timing_file.exists():
         print(f"timing run: WIDE stage 1, {args.timing_tokens} tokens, alone", flush=True)
         timing_file.write_text(json.dumps(timing_run(settings, args.timing_tokens), indent=1) + "\n")
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()  # the workers need the memory the timing run cached
     if timing_file.exists():
         record["training_throughput"] = json.loads(timing_file.read_text())
-    todo = [j for j in jobs_of(args) if not row_path(settings, j).exists()]
+    todo = [j for j in jobs_of(args) if not _done(row_path(settings, j))]
     print(f"{len(todo)} job(s) to run with {args.workers} worker(s): {[j.name for j in todo]}", flush=True)
     start = time.perf_counter()
     if args.workers > 1 and len(todo) > 1:
@@ -138,6 +141,11 @@ def main(argv=None) -> int:
     target.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {target}")
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def _done(path: Path) -> bool:
+    """A job is done when its row exists without an error (failed jobs run again)."""
+    return path.exists() and "error" not in json.loads(path.read_text())
 
 
 def _run_packed(packed) -> dict:

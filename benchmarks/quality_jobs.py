@@ -34,6 +34,8 @@ class JobSettings:
     out_dir: str
     calibration_samples: int = 128
     ppl_max_windows: int | None = None  # None: the whole WikiText-2 test split
+    ppl_window: int = 1024
+    ffn_group_size: int = 128  # WIDE and static width (depth skip uses one group per block)
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,10 @@ def build(job: Job, settings: JobSettings):
     training: list[dict] = []
     if job.method == "static_width":
         batches = calibration_batches(tokenizer, samples=settings.calibration_samples, seed=settings.seed)
-        apply_static_width(model, job.sparsity, [b.to(settings.device) for b in batches])
+        apply_static_width(model, job.sparsity, [b.to(settings.device) for b in batches],
+                           ffn_group_size=settings.ffn_group_size)
     elif job.method in ("wide_s1", "wide_s12"):
-        wide_compile.apply(model, job.sparsity, seed=settings.seed)
+        wide_compile.apply(model, job.sparsity, seed=settings.seed, ffn_group_size=settings.ffn_group_size)
     elif job.method == "depth_s1":
         apply_depth_skip(model, job.sparsity, seed=settings.seed)
     if job.method in ("wide_s1", "depth_s1"):
@@ -109,7 +112,7 @@ def run_job(job: Job, settings: JobSettings) -> dict:
 
         row["eval"] = wide_compile.evaluate(model, tokenizer, tasks=list(settings.tasks), limit=settings.limit,
                                             batch_size=settings.eval_batch_size, print_table=False,
-                                            ppl_max_windows=settings.ppl_max_windows)
+                                            ppl_window=settings.ppl_window, ppl_max_windows=settings.ppl_max_windows)
     except Exception as exc:  # one failed job must not stop the others; the error is the row
         row["error"] = f"{type(exc).__name__}: {exc}"
         row["traceback"] = traceback.format_exc()[-4000:]
