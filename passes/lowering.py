@@ -8,10 +8,23 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
    -> ``wide::masked_input_linear(h, m, Wd, bd, gs, x_is_masked=True)`` (``h`` is already zero in skipped groups).
 2. Masked linear: ``linear(gm(x, m, gs), W, b)`` -> ``wide::masked_input_linear(x, m, W, b, gs)``
    (attention output projections, non-gated or fused-gate/up MLP down projections, LoRA adapters on them).
+3. Attention query: ``q = linear(x, Wq, bq)`` whose output reaches ``gm(attn, m, gs)`` only through the attention
+   core as the query, head- and token-locally (view / transpose / RoPE / per-head q-norm / SDPA or eager
+   ``softmax(QK^T)V`` / transpose / reshape) -> ``wide::output_group_linear(x, m, Wq, bq, gs)`` (each token computes
+   only the query heads of its active groups; the others are zeroed by ``gm`` anyway). Decided by dataflow
+   (``attention_lowering`` / ``group_locality``); fused q/k/v projections, q-norms over all heads, masks that need a
+   gradient (router training: the straight-through gradient needs the dense attention of skipped heads) stay dense.
+4. Attention core, for an attention whose query was lowered in 3:
+   ``scaled_dot_product_attention(q, k, v, is_causal=c, scale=s)`` with no ``attn_mask``, no dropout and (when
+   causal) as many queries as keys -> ``wide::group_attention(q, k, v, m, c, s)`` (zeros for the heads of inactive
+   groups, which ``gm`` zeroes anyway; the templates skip their K/V reads and FLOPs). HF passes SDPA no mask in
+   ``generate()`` without padding and in training forwards; explicit masks (padding, static caches) and eager
+   ``softmax(QK^T)V`` keep the core as it is (``attention_core_lowering``).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
-lists why for each ``group_mask`` that was not fully lowered. Patterns inside autocast regions are not rewritten
+lists why for each ``group_mask`` that was not fully lowered, and for each attention whose query projection stays
+dense. Patterns inside autocast regions are not rewritten
 (the lowered ops do not follow autocast's casts); the rest of such a graph is.
 """
 
@@ -24,6 +37,7 @@ from torch import fx
 
 import wide_compile.kernel_ops  # noqa: F401  (registers the lowered ops)
 
+from .attention_lowering import lower_attention_queries
 from .torch_patterns import activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank
 
 
@@ -163,9 +177,12 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
 
 
 def lower_wide_patterns(gm: fx.GraphModule) -> LoweringResult:
-    """Run both rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it."""
+    """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
+    attention, reasons = lower_attention_queries(gm.graph, skip)  # first: it reads the attention group_masks
+    result.lowered.update(attention)
+    result.generic.extend(reasons)
     lower_gated_mlps(gm.graph, result, skip)
     lower_masked_linears(gm.graph, result, skip)
     gm.graph.lint()

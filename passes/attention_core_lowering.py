@@ -1,0 +1,85 @@
+"""Attention cores with head-group skipping: ``scaled_dot_product_attention`` -> ``wide::group_attention``.
+
+Runs for an attention whose query projection was lowered (``attention_lowering``): the dataflow analysis then gives
+the layout of the query at the core, ``[batch, heads, tokens, head_dim]`` with head ``h`` = query features
+``[h*D, (h+1)*D)``, and has checked that each head of the core's output reaches the masked value ``gm(attn, m, gs)``
+at its own token and group. ``wide::group_attention(q, k, v, m, is_causal, scale)`` computes SDPA for the active
+(token, group) pairs and zeros for the others, which ``gm`` zeroes anyway: the block's output is unchanged, and the
+Triton templates skip the K/V reads of inactive groups (decode) and their FLOPs (prefill).
+
+Lowered only when the templates compute exactly what SDPA does: no explicit ``attn_mask`` (an explicit mask, e.g.
+HF's padding / packed-sequence mask, or a static KV cache's mask, cannot be proven causal from the graph), no
+dropout, ``is_causal`` with as many queries as keys (SDPA aligns a causal mask top-left, the templates bottom-right;
+they agree when ``T == S``) or not causal (decode: ``T = 1`` sees every key), k and v of one shape, a constant or
+graph-valued scale. Eager ``softmax(QK^T)V`` cores stay as they are. Each refusal is reported with its reason.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from .group_locality import SDPA, AxisMap, Terminal, op_name, same_size
+from .torch_patterns import arg, example_value
+
+# SDPA(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False)
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _sdpa_args(core: fx.Node) -> dict:
+    defaults = dict(attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False)
+    return {name: arg(core, i, name, defaults.get(name)) for i, name in enumerate(_SDPA_ARGS)}
+
+
+def _why_not(core: fx.Node, terminal: Terminal, flows: dict, skip: set[fx.Node]) -> str | None:
+    if op_name(core) != SDPA:
+        return "an eager softmax(QK^T)V core (only scaled_dot_product_attention is lowered)"
+    if core in skip:
+        return "inside an autocast region"
+    a = _sdpa_args(core)
+    if a["attn_mask"] is not None:
+        return "SDPA has an explicit attn_mask (a padding, packed-sequence or static-cache mask is not provably causal)"
+    if not (isinstance(a["dropout_p"], (int, float)) and a["dropout_p"] == 0):
+        return "SDPA has dropout"
+    if not isinstance(a["is_causal"], bool) or not isinstance(a["enable_gqa"], bool):
+        return "is_causal / enable_gqa are not constants"
+    if not (a["scale"] is None or isinstance(a["scale"], (int, float, fx.Node))):
+        return f"unsupported scale {a['scale']!r}"
+    q, k, v = (example_value(a[n]) for n in ("query", "key", "value"))
+    if q is None or k is None or v is None or q.dim() != 4 or k.dim() != 4:
+        return "query / key / value are not known 4-D tensors"
+    if q.dtype != k.dtype or q.dtype != v.dtype or tuple(k.shape) != tuple(v.shape):
+        return "query, key and value differ in dtype, or key and value in shape"
+    if k.shape[1] != q.shape[1] and not a["enable_gqa"]:
+        return "key/value heads differ from query heads without enable_gqa"
+    if a["is_causal"] and not same_size(q.shape[2], k.shape[2]):
+        return "causal with fewer queries than keys (SDPA aligns the causal mask top-left, the kernels bottom-right)"
+    head_dim = q.shape[-1]
+    if not isinstance(head_dim, int) or terminal.group_size % head_dim:
+        return "head_dim is not a constant that divides the group size"
+    flow = flows.get(a["query"])
+    if flow is None or flow.maps != (AxisMap(0), AxisMap(2), AxisMap(1, 1, head_dim)):
+        return "the query at the core is not [batch, heads, tokens, head_dim] with heads in feature order"
+    return None
+
+
+def lower_attention_core(graph: fx.Graph, core: fx.Node, terminal: Terminal, flows: dict,
+                         skip: set[fx.Node]) -> str | None:
+    """Replace ``core`` by ``wide::group_attention`` with ``terminal``'s mask; returns why not, or None when done.
+
+    ``flows`` is the dataflow analysis of the (lowered) query projection that reaches ``terminal`` through ``core``.
+    """
+    why = _why_not(core, terminal, flows, skip)
+    if why is not None:
+        return why
+    a = _sdpa_args(core)
+    with graph.inserting_before(core):
+        new = graph.call_function(torch.ops.wide.group_attention.default,
+                                  (a["query"], a["key"], a["value"], terminal.mask, a["is_causal"], a["scale"]))
+    new.meta = dict(core.meta)
+    core.replace_all_uses_with(new)
+    graph.erase_node(core)
+    return None
+
+
+__all__ = ["lower_attention_core"]
