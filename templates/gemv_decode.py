@@ -14,8 +14,8 @@ deep) and the tokens are the narrow one ``[BLOCK_K, BLOCK_T]`` (``BLOCK_T`` = 16
 
 A program that streams a long K range is latency-bound, so K (output groups) or the union list (input
 groups) is split among ``SPLIT`` programs. The split is finished in the same launch: each program
-stores its fp32 partial in a persistent workspace and increments an arrival counter; the last one sums
-the partials, applies the epilogue (activation, bias, token mask), stores ``y`` and resets the counter.
+stores its fp32 partial in a workspace and increments an arrival counter; the last one sums the
+partials and applies the epilogue (activation, bias, token mask) and stores ``y``.
 """
 from __future__ import annotations
 
@@ -185,20 +185,16 @@ if HAS_TRITON:
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=valid_n[:, None] & valid_t[None, :])
 
 
-_WORKSPACES: dict = {}
-
-
 def _split_workspace(device: torch.device, tiles: int, split: int, block_n: int, block_t: int):
-    """Persistent fp32 partial-sum buffer and zeroed arrival counters for one-launch split-K.
+    """fp32 partial-sum buffer and zeroed arrival counters for one-launch split-K, allocated per call.
 
-    Cached per device and size (CUDA-graph safe: the kernel resets each counter after use). Calls that
-    share a workspace must not run concurrently on different streams."""
-    key = (str(device), tiles, split, block_n, block_t)
-    if key not in _WORKSPACES:
-        ws = torch.empty(tiles * split * 2 * block_n * block_t, dtype=torch.float32, device=device)
-        counters = torch.zeros(tiles, dtype=torch.int32, device=device)
-        _WORKSPACES[key] = (ws, counters)
-    return _WORKSPACES[key]
+    Per call, not cached: a buffer cached across calls would be created inside a CUDA-graph pool when the first
+    call is recorded (``torch.compile(mode="reduce-overhead")``) and outlive it, which CUDA-graph trees refuse
+    ("tensors in the cudagraph pool not tracked as outputs", seen on the H200). From the caching allocator the
+    buffers cost no cudaMalloc; the counters cost one small memset."""
+    ws = torch.empty(tiles * split * 2 * block_n * block_t, dtype=torch.float32, device=device)
+    counters = torch.zeros(tiles, dtype=torch.int32, device=device)
+    return ws, counters
 
 
 def _auto_split(tiles: int, max_split: int, active_fraction: float = 0.5) -> int:
