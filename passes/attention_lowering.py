@@ -34,6 +34,7 @@ from torch import fx
 import wide_compile.kernel_ops  # noqa: F401  (registers the lowered ops)
 
 from .attention_core_lowering import lower_attention_core
+from .graph_utils import tensor_inputs
 from .group_locality import SDPA, NotLocal, Terminal, is_group_local, op_name, same_size, trace_group_local
 from .torch_patterns import arg, example_value, is_linear, same_dtype_and_device
 
@@ -57,27 +58,6 @@ def attention_core(masked_input: fx.Node) -> fx.Node | None:
     return None
 
 
-def _tensor_args(node: fx.Node) -> list[fx.Node]:
-    found = []
-
-    def visit(a):
-        if isinstance(a, fx.Node):
-            value = a.meta.get("example_value", a.meta.get("val"))
-            if isinstance(value, torch.Tensor) or (
-                    isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)):
-                found.append(a)
-        elif isinstance(a, (list, tuple)):
-            for item in a:
-                visit(item)
-        elif isinstance(a, dict):
-            for item in a.values():
-                visit(item)
-
-    visit(node.args)
-    visit(node.kwargs)
-    return found
-
-
 def _scores_matmul(probs_v: fx.Node) -> fx.Node | None:
     """For ``probs @ V``: the ``Q @ K^T`` matmul behind ``probs`` (through softmax, scaling, masking), if any."""
     probs = arg(probs_v, 0, "input")
@@ -90,7 +70,7 @@ def _scores_matmul(probs_v: fx.Node) -> fx.Node | None:
         if name in ("matmul", "bmm"):
             return node if softmax else None
         softmax = softmax or name in ("softmax", "_softmax", "_safe_softmax")
-        for a in _tensor_args(node):
+        for a in tensor_inputs(node):
             if a not in seen:
                 seen.add(a)
                 queue.append(a)
@@ -116,7 +96,7 @@ def query_linears(core: fx.Node) -> list[fx.Node]:
             continue
         if op_name(node).startswith("wide::"):
             continue
-        for a in _tensor_args(node):
+        for a in tensor_inputs(node):
             if a not in seen:
                 seen.add(a)
                 queue.append(a)

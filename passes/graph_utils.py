@@ -27,8 +27,10 @@ def tensor_value(node: fx.Node) -> torch.Tensor | None:
 
 
 def carries_tensors(node: fx.Node) -> bool:
-    """True for tensor nodes and for nodes producing a tuple/list of tensors (split, chunk)."""
-    val = node.meta.get("val")
+    """True for tensor nodes and for nodes producing a tuple/list of tensors (split, chunk).
+
+    Reads ``meta["val"]`` (torch.export graphs) or ``meta["example_value"]`` (Dynamo graphs)."""
+    val = node.meta.get("val", node.meta.get("example_value"))
     if isinstance(val, torch.Tensor):
         return True
     return isinstance(val, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in val)

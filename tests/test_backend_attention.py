@@ -30,6 +30,7 @@ from wide_compile import kernel_ops  # noqa: E402
 from wide_compile.passes.lowering import lower_wide_patterns  # noqa: E402
 from wide_compile.passes.torch_patterns import wide_op_names  # noqa: E402
 from wide_compile.testing.tiny_models import tiny_model  # noqa: E402
+from test_backend import Capture  # noqa: E402
 
 group_mask = torch.ops.wide.group_mask
 output_group_linear = torch.ops.wide.output_group_linear
@@ -60,18 +61,6 @@ def random_masks(model, batch: int, tokens: int, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     return {(b.layer_index, b.kind): (torch.rand(batch, tokens, b.groups, generator=gen) > 0.5).float()
             for b in wide_compile.state.get_state(model).blocks}
-
-
-class Capture:
-    """A Dynamo backend that keeps the graph and its real inputs (no compilation)."""
-
-    def __init__(self):
-        self.graphs, self.inputs = [], []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        self.inputs.append(list(example_inputs))
-        return gm.forward
 
 
 def capture(fn, *args):

@@ -18,6 +18,13 @@ What is lowered (tiny models of all 18 test families compile and match eager exa
   down kernel skips re-masking; each op builds only the part of the group plan it needs, so nothing is built twice);
 - every other ``linear`` fed by a ``group_mask``: attention output projections, down projections of fused
   gate_up (Phi-3) and plain MLPs (GPT-NeoX, OPT, Phi, GPT-J), LoRA-wrapped projections.
+- the query projection of a routed attention (``passes/attention_lowering.py``): ``wide::output_group_linear``
+  computes only the active heads' queries, when dataflow proves each output element reaches the masked attention
+  output only through its own token and group (separate q projections; fused qkv, q-norms over all heads and
+  graphs where the router needs gradients keep it dense, with the reason reported);
+- the attention core after a lowered query (``passes/attention_core_lowering.py``): SDPA with no explicit mask
+  (causal with as many queries as keys, or one-token decode) -> ``wide::group_attention`` (head-group-skipping
+  templates). A static cache or transformers 5.17 passes an explicit mask, so the core then stays SDPA.
 - left on the generic path (``group_mask`` + dense op, reason in ``compile_report``): GPT-2 Conv1D (``addmm``),
   Falcon (``matmul`` with ``W.T``), biased gate / up, other activations, patterns inside autocast regions.
 
@@ -25,7 +32,8 @@ Arguments that reach the backend:
 - ``mode``: any Inductor mode (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``,
   ``"max-autotune-no-cudagraphs"``); it becomes the same Inductor config patches ``torch.compile`` would use
   (``torch._inductor.list_mode_options``). CUDA graphs (``reduce-overhead``) are Inductor's own; the templates
-  build their group plans on the device without host synchronisation, but this path has not run on a GPU yet.
+  build their group plans on the device without host synchronisation. Use a static KV cache with CUDA graphs
+  (``tests/test_static_cache_generate.py``); a DynamicCache's K/V are overwritten by the next replay.
 - ``options``: Inductor config keys (e.g. ``{"fallback_random": True}``), plus the backend's own keys:
   ``"wide.rewrite"`` (bool, default True: run the rewrites) and ``"wide.inner"`` (``"inductor"`` default,
   ``"aot_eager"`` or ``"eager"``: what compiles the rewritten graph; the last two are for debugging / fast tests).

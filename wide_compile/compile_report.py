@@ -71,10 +71,14 @@ _RECORDS: list[GraphRecord] = []
 
 
 def input_storages(example_inputs) -> frozenset[int]:
-    """Data pointers of the real tensors among a graph's inputs (parameters share the model's storage)."""
+    """Data pointers of the parameters among a graph's inputs (they share the model's storage).
+
+    Only parameters: the storage of a temporary input (token ids, a cache tensor) is freed after the call and may
+    be reused by another model's weights, which would then match graphs it never ran.
+    """
     keys = set()
     for t in example_inputs:
-        if isinstance(t, torch.Tensor) and not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta":
+        if isinstance(t, nn.Parameter) and not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta":
             ptr = t.untyped_storage().data_ptr()
             if ptr:
                 keys.add(ptr)
@@ -92,7 +96,7 @@ def reset_compile_report() -> None:
 
 def _model_storages(model: nn.Module) -> set[int]:
     inner = getattr(model, "_orig_mod", model)
-    tensors = list(inner.parameters()) + list(inner.buffers())
+    tensors = list(inner.parameters())
     return {t.untyped_storage().data_ptr() for t in tensors if t.device.type != "meta"} - {0}
 
 
