@@ -82,8 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch.compile mode for both variants ('none' for no mode; forced to none on CPU)")
     p.add_argument("--inner", choices=("inductor", "aot_eager", "eager"), default=None,
                    help="compiler behind both variants (default inductor on CUDA, aot_eager on CPU)")
-    p.add_argument("--dynamic", choices=("true", "false", "auto"), default="true",
-                   help="torch.compile dynamic= (true: one graph for all prompt lengths and one for batches > 1)")
+    p.add_argument("--dynamic", choices=("true", "false", "auto"), default="false",
+                   help="torch.compile dynamic= (false: one graph per shape, compiles ~5x faster on the 8B shape: "
+                        "22 s vs 112 s on the H200; true: one graph for all prompt lengths and batches > 1)")
     p.add_argument("--device", default=None, help="default: cuda when available (cpu for --model tiny)")
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the run; stages that would "
                    "not fit are skipped and recorded")
