@@ -47,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="first train WIDE stage 1 at 0.5 alone for this many tokens and report tokens/s")
     ap.add_argument("--calibration-samples", type=int, default=128)
     ap.add_argument("--ffn-group-size", type=int, default=128)
+    ap.add_argument("--routers-from", default=None,
+                    help="wide_s1 jobs load <dir>/<job> (routers of an earlier run) instead of training")
     ap.add_argument("--ppl-windows", type=int, default=None, help="WikiText-2 windows (default: all)")
     return ap.parse_args(argv)
 
@@ -111,7 +113,8 @@ def main(argv=None) -> int:
                            seed=args.seed, tasks=tuple(t for t in args.tasks.split(",") if t), limit=args.limit,
                            eval_batch_size=args.eval_batch_size, device=device, out_dir=str(out),
                            calibration_samples=args.calibration_samples,
-                           ppl_max_windows=args.ppl_windows, ffn_group_size=args.ffn_group_size)
+                           ppl_max_windows=args.ppl_windows, ffn_group_size=args.ffn_group_size,
+                           routers_from=args.routers_from)
     command = "python benchmarks/quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     record: dict = {"command": command, "settings": asdict(settings), "environment": environment(device)}
     timing_file = out / "timing.json"

@@ -3,7 +3,8 @@ if it learns, evaluate it with :func:`wide_compile.evaluate`, and return one JSO
 
 Every learned method gets the same training tokens (``JobSettings.tokens``): WIDE stage 1 and depth skip
 spend them all in stage 1; "WIDE stage 1+2" spends the first half in stage 1 (routers) and the second half
-in stage 2 (LoRA + routers, merged before evaluation).
+in stage 2 (LoRA + routers, merged before evaluation). Static width and TEAL are calibrated, not trained;
+``routers_from`` re-evaluates WIDE stage-1 routers of an earlier run (e.g. GPU-trained routers on the CPU).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-METHODS = ("dense", "static_width", "wide_s1", "depth_s1", "wide_s12")
+METHODS = ("dense", "static_width", "wide_s1", "depth_s1", "wide_s12", "teal")
 LEARNED = ("wide_s1", "depth_s1", "wide_s12")
 
 
@@ -33,9 +34,11 @@ class JobSettings:
     device: str
     out_dir: str
     calibration_samples: int = 128
+    calibration_seq_len: int = 512
     ppl_max_windows: int | None = None  # None: the whole WikiText-2 test split
     ppl_window: int = 1024
     ffn_group_size: int = 128  # WIDE and static width (depth skip uses one group per block)
+    routers_from: str | None = None  # wide_s1: load <routers_from>/<job> (an earlier run's routers) instead of training
 
 
 @dataclass(frozen=True)
@@ -69,20 +72,29 @@ def _train(model, tokenizer, settings: JobSettings, stage: int, tokens: int, spa
 def build(job: Job, settings: JobSettings):
     """(model, tokenizer, training summaries) for ``job``, on ``settings.device``."""
     import wide_compile
-    from wide_compile.baselines import apply_depth_skip, apply_static_width, calibration_batches
+    from wide_compile.baselines import apply_depth_skip, apply_static_width, apply_teal, calibration_batches
     from wide_compile.model_zoo import load_model
 
     model, tokenizer = load_model(settings.model, dtype="fp32", device=settings.device)
     training: list[dict] = []
     if job.method == "static_width":
-        batches = calibration_batches(tokenizer, samples=settings.calibration_samples, seed=settings.seed)
+        batches = calibration_batches(tokenizer, samples=settings.calibration_samples,
+                                      seq_len=settings.calibration_seq_len, seed=settings.seed)
         apply_static_width(model, job.sparsity, [b.to(settings.device) for b in batches],
                            ffn_group_size=settings.ffn_group_size)
+    elif job.method == "teal":
+        batches = calibration_batches(tokenizer, samples=settings.calibration_samples,
+                                      seq_len=settings.calibration_seq_len, seed=settings.seed)
+        apply_teal(model, job.sparsity, batches, seed=settings.seed)
     elif job.method in ("wide_s1", "wide_s12"):
         wide_compile.apply(model, job.sparsity, seed=settings.seed, ffn_group_size=settings.ffn_group_size)
     elif job.method == "depth_s1":
         apply_depth_skip(model, job.sparsity, seed=settings.seed)
-    if job.method in ("wide_s1", "depth_s1"):
+    if job.method == "wide_s1" and settings.routers_from:
+        folder = Path(settings.routers_from) / job.name
+        wide_compile.load_routers(model, folder)
+        training.append({"loaded_from": str(folder)})
+    elif job.method in ("wide_s1", "depth_s1"):
         model, summary = _train(model, tokenizer, settings, 1, settings.tokens, job.sparsity)
         training.append(summary)
     elif job.method == "wide_s12":
@@ -107,12 +119,16 @@ def run_job(job: Job, settings: JobSettings) -> dict:
         import wide_compile
         from wide_compile.serialization import write_routers
 
-        if job.method == "wide_s1":  # kept for the end-to-end benchmark (trained routers on real weights)
+        if job.method == "wide_s1" and not settings.routers_from:  # kept for the end-to-end benchmark (trained routers on real weights)
             write_routers(model, Path(settings.out_dir) / "routers" / job.name)
 
         row["eval"] = wide_compile.evaluate(model, tokenizer, tasks=list(settings.tasks), limit=settings.limit,
                                             batch_size=settings.eval_batch_size, print_table=False,
                                             ppl_window=settings.ppl_window, ppl_max_windows=settings.ppl_max_windows)
+        if job.method == "teal":
+            from wide_compile.baselines import teal_state
+
+            row["teal_realized_sparsity"] = teal_state(model).realized_sparsity()  # zeroed projection inputs
     except Exception as exc:  # one failed job must not stop the others; the error is the row
         row["error"] = f"{type(exc).__name__}: {exc}"
         row["traceback"] = traceback.format_exc()[-4000:]

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 LABELS = {"dense": "dense", "wide_s1": "WIDE stage 1", "wide_s12": "WIDE stage 1+2", "depth_s1": "depth skip",
-          "static_width": "static width"}
+          "static_width": "static width", "teal": "TEAL (training-free)"}
 #: Accuracy of random guessing per task (answer choices), to report accuracy above chance.
 CHANCE = {"arc_easy": 0.25, "arc_challenge": 0.25, "openbookqa": 0.25, "hellaswag": 0.25, "boolq": 0.5, "piqa": 0.5,
           "winogrande": 0.5}
@@ -50,6 +50,8 @@ def markdown(record: dict, source: str) -> str:
     for r in rows:
         ev = r["eval"]
         rates = (ev.get("skip_rates_by_phase") or {}).get("wikitext2") or ev.get("skip_rates") or {}
+        if r["method"] == "teal":  # zeroed fraction of projection inputs (per channel, not per group)
+            rates = {"mean": r.get("teal_realized_sparsity")}
         accs = [ev["tasks"][t]["acc"] for t in tasks]
         mean = sum(accs) / len(accs) if accs else None
         cells = [LABELS[r["method"]], f"{r['sparsity']:g}", _cell(rates.get("mean"), ".3f"),

@@ -20,6 +20,7 @@ def _settings(tmp_path, model_dir, **over):
 
     values = dict(model=str(model_dir), tokens=128, seq_len=32, batch_size=2, seed=0, tasks=("piqa",), limit=2,
                   eval_batch_size=2, device="cpu", out_dir=str(tmp_path / "out"), calibration_samples=2,
+                  calibration_seq_len=32,
                   ppl_max_windows=1, ppl_window=64, ffn_group_size=16)
     values.update(over)
     return JobSettings(**values)
@@ -50,6 +51,13 @@ def test_jobs_train_equal_tokens_and_evaluate(tmp_path, monkeypatch):
         assert 0 < row["eval"]["skip_rates"]["mean"] < 1
     assert (Path(settings.out_dir) / "routers" / "wide_s1_0.5" / "wide_routers.safetensors").is_file()
     assert json.loads(row_path(settings, Job("wide_s1", 0.5)).read_text())["job"] == "wide_s1_0.5"
+    reloaded = run_job(Job("wide_s1", 0.5), _settings(tmp_path, model_dir, out_dir=str(tmp_path / "again"),
+                                                        routers_from=str(Path(settings.out_dir) / "routers")))
+    assert reloaded["training"][0]["loaded_from"].endswith("wide_s1_0.5")
+    assert reloaded["eval"]["ppl"] == s1["eval"]["ppl"]  # the same routers give the same model
+    teal = run_job(Job("teal", 0.5), settings)
+    assert "error" not in teal, teal.get("traceback")
+    assert 0.3 < teal["teal_realized_sparsity"] < 0.7 and teal["eval"]["skip_rates"] is None
     bad = run_job(Job("wide_s1", 0.5), _settings(tmp_path, tmp_path / "missing"))
     assert "error" in bad  # recorded in the row, so the other jobs of a run go on
 
