@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+import wide_compile.group_attention_op  # noqa: F401  (registers wide::group_attention)
+
 from .group_locality import SDPA, AxisMap, Terminal, op_name, same_size
 from .torch_patterns import arg, example_value
 

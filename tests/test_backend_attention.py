@@ -26,7 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
 import wide_compile  # noqa: E402
-from wide_compile import kernel_ops  # noqa: E402
+from wide_compile import group_attention_op, kernel_ops  # noqa: E402
 from wide_compile.passes.lowering import lower_wide_patterns  # noqa: E402
 from wide_compile.passes.torch_patterns import wide_op_names  # noqa: E402
 from wide_compile.testing.tiny_models import tiny_model  # noqa: E402
@@ -245,7 +245,7 @@ def test_group_attention_template_path_matches(is_causal, t, s):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v, m = (x.to(dev) for x in _attention_tensors(t, s, 2, requires_grad=False))
     q, k, v = (x.repeat(1, 1, 1, 4) for x in (q, k, v))  # head_dim 32
-    out = kernel_ops.group_attention_kernel(q, k, v, m, is_causal, None)
+    out = group_attention_op.group_attention_kernel(q, k, v, m, is_causal, None)
     expected = _masked_sdpa(q, k, v, m, is_causal)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     assert torch.equal(out[expected == 0], torch.zeros_like(out[expected == 0]))
@@ -559,7 +559,7 @@ def test_gpu_group_attention_llama3_shapes(batch, t, s, is_causal, mask_kind):
     expected = _masked_sdpa(q.float(), k.float(), v.float(), m, is_causal)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
-    skipped = (kernel_ops.head_mask(m, 32) == 0).expand_as(out)
+    skipped = (group_attention_op.head_mask(m, 32) == 0).expand_as(out)
     assert torch.equal(out[skipped], torch.zeros_like(out[skipped]))
 
 

@@ -1,5 +1,7 @@
 """Lowered ``wide::`` ops that the ``wide`` torch.compile backend puts in place of masked projections.
 
+(The lowered attention core, ``wide::group_attention``, lives in :mod:`wide_compile.group_attention_op`.)
+
 - ``wide::masked_input_linear(x, mask, weight, bias, group_size, x_is_masked=False) -> y[..., N]``
     ``x_is_masked=False``: ``y = linear(group_mask(x, mask, group_size), weight, bias)``.
     ``x_is_masked=True``: ``y = linear(x, weight, bias)``; the caller guarantees that ``x`` is already 0 in each
@@ -12,15 +14,9 @@
     ``y = group_mask(linear(x, weight, bias), mask, group_size)``: each token computes only its active output groups
     (the attention query projection; ``mask[..., G]`` with ``G * group_size = N`` and ``mask.shape[:-1] ==
     x.shape[:-1]``). Its mask gradient is that of the expression, ``sum(grad * linear(x))`` per group.
-- ``wide::group_attention(q, k, v, mask, is_causal, scale=None) -> o[B, H, T, D]``
-    ``o = scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)`` (GQA when ``k``/``v`` have fewer
-    heads) times 0 for the query heads of each token's inactive groups (``mask[B, T, G]``, group ``g`` = heads
-    ``[g*H/G, (g+1)*H/G)``). On CUDA the head-group attention templates run when they compute exactly that (bf16 /
-    fp16 / fp32, head_dim <= 256, and ``T == S`` when causal: SDPA aligns a causal mask top-left, the templates
-    bottom-right); backward recomputes the attention in fp32 math (it is not skipped).
 
-Devices: on CUDA the Triton templates run (``input_group_linear`` / ``gated_up_groups`` / ``output_group_linear`` /
-``group_attention`` of ``wide_compile.templates``; they skip inactive groups). On every other device, and on CUDA
+Devices: on CUDA the Triton templates run (``input_group_linear`` / ``gated_up_groups`` / ``output_group_linear``
+of ``wide_compile.templates``; they skip inactive groups). On every other device, and on CUDA
 for inputs the kernels do not take (dtypes other than bf16/fp16/fp32, mixed dtypes), the ops compute exactly the
 PyTorch expressions above, so a compiled CPU model matches eager. The kernels read ``mask != 0`` as "active", which equals the expressions for the
 0/1 masks that routers and forced decisions produce.
@@ -268,110 +264,3 @@ def _ogl_backward(ctx, grad):
 
 
 output_group_linear.register_autograd(_ogl_backward, setup_context=_ogl_setup)
-
-# ------------------------------------------------------------------------------------ group_attention
-
-
-def _check_group_attention_args(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> None:
-    op = "group_attention"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{op}: {name} must be 4-D [batch, heads, length, head_dim], got {tuple(t.shape)}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{op}: {name} dtype {t.dtype} differs from q dtype {q.dtype}")
-    if mask.dim() != 3:
-        raise ValueError(f"{op}: mask must be [batch, tokens, groups], got shape {tuple(mask.shape)}")
-    heads, kv_heads, groups = q.shape[1], k.shape[1], mask.shape[2]
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(f"{op}: key/value heads ({kv_heads}) must divide query heads ({heads})")
-    if groups == 0 or heads % groups:
-        raise ValueError(f"{op}: mask groups ({groups}) must divide query heads ({heads})")
-    torch._check(k.shape == v.shape, lambda: f"{op}: k shape {tuple(k.shape)} differs from v shape {tuple(v.shape)}")
-    torch._check(k.shape[0] == q.shape[0] and k.shape[3] == q.shape[3],
-                 lambda: f"{op}: k/v shape {tuple(k.shape)} does not match q {tuple(q.shape)} in batch or head_dim")
-    torch._check(mask.shape[0] == q.shape[0] and mask.shape[1] == q.shape[2],
-                 lambda: f"{op}: mask shape {tuple(mask.shape)} must be [batch={q.shape[0]}, tokens={q.shape[2]}, G]")
-
-
-def head_mask(mask: Tensor, heads: int) -> Tensor:
-    """``mask[B, T, G]`` -> ``[B, heads, T, 1]`` (group ``g`` = heads ``[g*heads/G, (g+1)*heads/G)``)."""
-    return mask.transpose(1, 2).repeat_interleave(heads // mask.shape[2], dim=1).unsqueeze(-1)
-
-
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float | None) -> Tensor:
-    if k.shape[1] != q.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
-
-
-@torch.library.custom_op("wide::group_attention", mutates_args=())
-def group_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None = None
-                    ) -> Tensor:
-    """``scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)`` (GQA when k/v have fewer heads)
-    with the query heads of each token's inactive groups multiplied by 0 (see module docstring)."""
-    _check_group_attention_args(q, k, v, mask)
-    out = _sdpa(q, k, v, is_causal, scale)
-    return out * head_mask(mask, q.shape[1]).to(out.dtype)
-
-
-@group_attention.register_fake
-def _(q, k, v, mask, is_causal, scale=None):
-    _check_group_attention_args(q, k, v, mask)
-    return torch.empty_like(q)
-
-
-@group_attention.register_kernel("cuda")
-def group_attention_kernel(q, k, v, mask, is_causal, scale=None):
-    """The template path (skips the K/V reads and FLOPs of inactive (token, group) pairs). The templates align a
-    causal mask bottom-right and SDPA top-left; they agree when ``T == S``, otherwise the PyTorch path runs."""
-    _check_group_attention_args(q, k, v, mask)
-    q_len, kv_len = q.shape[2], k.shape[2]
-    if not _kernel_ok(q, k, v) or (is_causal and q_len != kv_len) or q.shape[-1] > 256 or kv_len == 0:
-        out = _sdpa(q, k, v, is_causal, scale)
-        return out * head_mask(mask, q.shape[1]).to(out.dtype)
-    from wide_compile.templates import group_attention as template
-
-    return template(q, k, v, mask, causal=is_causal, scale=scale)
-
-
-def _ga_setup(ctx, inputs, output):
-    q, k, v, mask, is_causal, scale = inputs
-    ctx.save_for_backward(q, k, v, mask)
-    ctx.is_causal, ctx.scale = is_causal, scale
-
-
-def _ga_backward(ctx, grad):
-    """Attention backward in fp32 from recomputed probabilities (the forward output has the skipped heads zeroed)."""
-    q, k, v, mask = ctx.saved_tensors
-    heads, kv_heads, groups = q.shape[1], k.shape[1], mask.shape[2]
-    rep = heads // kv_heads
-    acc = torch.promote_types(q.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
-    kf, vf = (t.to(acc).repeat_interleave(rep, dim=1) for t in (k, v))
-    qf = q.to(acc)
-    scale = ctx.scale if ctx.scale is not None else q.shape[-1] ** -0.5
-    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
-    if ctx.is_causal:
-        allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, vf)
-    g = grad.to(acc) * head_mask(mask, heads).to(acc)
-    grad_probs = torch.matmul(g, vf.transpose(-1, -2))
-    grad_scores = probs * (grad_probs - (g * out).sum(-1, keepdim=True))
-    need_q, need_k, need_v, need_mask = ctx.needs_input_grad[:4]
-
-    def per_kv_head(t: Tensor) -> Tensor:
-        return t.unflatten(1, (kv_heads, rep)).sum(2)
-
-    gq = (torch.matmul(grad_scores, kf) * scale).to(q.dtype) if need_q else None
-    gk = per_kv_head(torch.matmul(grad_scores.transpose(-1, -2), qf) * scale).to(k.dtype) if need_k else None
-    gv = per_kv_head(torch.matmul(probs.transpose(-1, -2), g)).to(v.dtype) if need_v else None
-    gmask = None
-    if need_mask:  # straight-through: the dense output of every head, skipped ones included
-        per_head = (grad.to(acc) * out).sum(-1)  # [B, H, T]
-        gmask = per_head.unflatten(1, (groups, heads // groups)).sum(2).transpose(1, 2).to(mask.dtype)
-    return gq, gk, gv, gmask, None, None
-
-
-group_attention.register_autograd(_ga_backward, setup_context=_ga_setup)
