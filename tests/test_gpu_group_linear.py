@@ -147,3 +147,26 @@ def test_auto_input_path_on_many_tokens(weights):
         assert path == ("gemm" if kind == "clustered" else "dense")
         y = input_group_linear(h, wd, mask, FFN_GROUP, plan=plan, x_is_masked=True)
         _check(y, input_group_linear_reference(h, wd, mask, FFN_GROUP))
+
+
+def test_decode_gemvs_under_cuda_graph_trees(weights):
+    """torch.compile(mode="reduce-overhead") records the split-K decode GEMVs in a CUDA-graph tree: every replay
+    matches the reference (a workspace cached across calls used to stay alive in the graph pool and was refused)."""
+    import wide_compile.kernel_ops  # noqa: F401  (registers the lowered ops)
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    w_q, w_d = weights["q"].bfloat16(), weights["down"].bfloat16()
+
+    def step(x, h, mq, md):
+        q = torch.ops.wide.output_group_linear(x, mq, w_q, None, ATTN_GROUP)
+        y = torch.ops.wide.masked_input_linear(h, md, w_d, None, FFN_GROUP, False)
+        return q, y
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up, record, replays
+        x = torch.randn(1, HIDDEN, generator=gen, device="cuda", dtype=w_q.dtype)
+        h = torch.randn(1, INTER, generator=gen, device="cuda", dtype=w_d.dtype)
+        mq, md = _mask("random", 1, HIDDEN // ATTN_GROUP, gen), _mask("random", 1, INTER // FFN_GROUP, gen)
+        q, y = (t.clone() for t in compiled(x, h, mq.to(w_q.dtype), md.to(w_d.dtype)))
+        _check(q, output_group_linear_reference(x.float(), w_q.float(), mq, ATTN_GROUP), mq, ATTN_GROUP)
+        _check(y, input_group_linear_reference(h.float(), w_d.float(), md, FFN_GROUP))
