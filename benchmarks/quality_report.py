@@ -30,6 +30,31 @@ def _cell(value, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def training_sentence(rows: list[dict], settings: dict) -> str:
+    loaded = sorted({t["loaded_from"] for r in rows for t in r.get("training") or [] if "loaded_from" in t})
+    trained = any("stage" in t for r in rows for t in r.get("training") or [])
+    parts = []
+    if trained:
+        parts.append(f"Training: {settings['tokens']:,} tokens per learned method (WIDE stage 1+2: half in stage 1, "
+                     f"half in stage 2), sequences of {settings['seq_len']} x batch {settings['batch_size']}, "
+                     "bf16 autocast on CUDA.")
+    if loaded:
+        parts.append(f"WIDE stage-1 routers loaded from an earlier run ({len(loaded)} folders), not trained here.")
+    if any(r["method"] in ("static_width", "teal") for r in rows):
+        parts.append(f"Static width and TEAL: calibrated on {settings.get('calibration_samples', 128)} C4 windows.")
+    return " ".join(parts)
+
+
+def evaluation_sentence(settings: dict, env: dict) -> str:
+    docs = "all documents" if settings["limit"] is None else f"first {settings['limit']} documents"
+    windows = settings.get("ppl_max_windows")
+    ppl = "the whole split" if windows is None else f"the first {windows} windows"
+    precision = "fp32 weights (TF32 matmuls)" if str(env.get("device", "")).startswith("cuda") else "fp32"
+    return (f"Evaluation: {precision}, zero-shot, {docs} per task; WikiText-2 test perplexity in 1024-token "
+            f"windows over {ppl}. Skip = realized mean skip rate during the perplexity run (attention and MLP blocks averaged); "
+            "for TEAL the zeroed fraction of all projection inputs over the whole evaluation.")
+
+
 def markdown(record: dict, source: str) -> str:
     rows = sorted(ok_rows(record), key=lambda r: (r["sparsity"], list(LABELS).index(r["method"])))
     tasks = [t for t in TASK_ORDER if rows and t in rows[0]["eval"]["tasks"]]
@@ -39,12 +64,7 @@ def markdown(record: dict, source: str) -> str:
              f"Command: `{record['command']}` (seed {settings['seed']}); source JSON: `{source}`.", "",
              f"Versions: torch {env['torch']}, transformers {env['transformers']}, lm-eval {env.get('lm_eval')}, "
              f"Python {env['python']}.", "",
-             f"Training: {settings['tokens']:,} tokens per learned method (WIDE stage 1+2: half in stage 1, half in "
-             f"stage 2), sequences of {settings['seq_len']} x batch {settings['batch_size']}, bf16 autocast. "
-             f"Evaluation: fp32 weights (TF32 matmuls), zero-shot, "
-             f"{'all documents' if settings['limit'] is None else 'first ' + str(settings['limit']) + ' documents'} "
-             f"per task; WikiText-2 test perplexity over the whole split in 1024-token windows. "
-             f"Skip = realized mean skip rate (attention and MLP blocks averaged) during the perplexity run.", ""]
+             training_sentence(rows, settings) + " " + evaluation_sentence(settings, env), ""]
     head = ["method", "sparsity", "skip", "PPL"] + tasks + ["mean acc", "above chance"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
