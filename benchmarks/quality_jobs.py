@@ -77,14 +77,12 @@ def build(job: Job, settings: JobSettings):
 
     model, tokenizer = load_model(settings.model, dtype="fp32", device=settings.device)
     training: list[dict] = []
+    if job.method in ("static_width", "teal"):  # calibrated on the same C4 windows
+        batches = [b.to(settings.device) for b in calibration_batches(
+            tokenizer, samples=settings.calibration_samples, seq_len=settings.calibration_seq_len, seed=settings.seed)]
     if job.method == "static_width":
-        batches = calibration_batches(tokenizer, samples=settings.calibration_samples,
-                                      seq_len=settings.calibration_seq_len, seed=settings.seed)
-        apply_static_width(model, job.sparsity, [b.to(settings.device) for b in batches],
-                           ffn_group_size=settings.ffn_group_size)
+        apply_static_width(model, job.sparsity, batches, ffn_group_size=settings.ffn_group_size)
     elif job.method == "teal":
-        batches = calibration_batches(tokenizer, samples=settings.calibration_samples,
-                                      seq_len=settings.calibration_seq_len, seed=settings.seed)
         apply_teal(model, job.sparsity, batches, seed=settings.seed)
     elif job.method in ("wide_s1", "wide_s12"):
         wide_compile.apply(model, job.sparsity, seed=settings.seed, ffn_group_size=settings.ffn_group_size)
