@@ -328,7 +328,9 @@ def is_group_local(terminal: Terminal, source_value: torch.Tensor) -> str | None
     maps = terminal.flow.maps
     if x is None or x.dim() != rank:
         return "the masked value does not have the linear output's rank"
-    if any(m != AxisMap(j) for j, m in enumerate(maps[:-1])):
+    # A lead axis of size 1 has a single token coordinate, so wherever the analysis placed it (size-1 axes are
+    # ambiguous through reshapes: decode at batch 1) it cannot mix tokens; every other lead axis must map to itself.
+    if any(m != AxisMap(j) for j, m in enumerate(maps[:-1]) if not same_size(source_value.shape[j], 1)):
         return "tokens of the masked value do not line up with the linear output's tokens"
     feature = maps[-1]
     if feature.axis != rank - 1 or feature.k != feature.width:

@@ -281,6 +281,20 @@ def test_query_projection_is_lowered_and_logits_match_eager(family, impl):
                                       else None)
 
 
+@pytest.mark.parametrize("batch, tokens", [(1, 1), (1, 5), (3, 1)])
+def test_query_projection_is_lowered_when_token_axes_have_size_1(batch, tokens):
+    """Decode at batch 1 gives [1, 1, hidden] activations, whose size-1 axes reshapes cannot tell apart."""
+    model = wide_model("llama")
+    ids = torch.randint(3, 120, (batch, tokens), generator=torch.Generator().manual_seed(6))
+    compiled = through_backend(model)
+    with torch.no_grad(), wide_compile.forced(model, random_masks(model, batch, tokens)):
+        expected = model(ids, use_cache=False).logits
+        actual = compiled(ids, use_cache=False).logits
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    (graph,) = wide_compile.compile_report(model).graphs
+    assert graph.lowered[OGL] == 2, str(graph.generic)
+
+
 @pytest.mark.parametrize("family, reason", [
     ("phi3", "slices a head/token axis"),  # fused qkv_proj, sliced into q, k, v
     ("gpt_neox", "reaches the keys / values"),  # fused query_key_value, chunked after the head split
