@@ -23,7 +23,8 @@ Measured, in this order (most important first, so that a time budget cuts the le
 Per (stage, variant): the first call's wall time (compilation + first run; Inductor's on-disk kernel cache makes the
 second variant's compile a little cheaper), peak memory since the stage started, graphs / recompiles / graph
 breaks / CUDA-graph skips, and for WIDE the realized skip rates and, for decode, the union-of-masks byte bound
-(``e2e_models.decode_byte_bound``). Ratios dense/wide sit next to every number.
+(``e2e_bounds.decode_byte_bound``), for prefill the FLOP bounds (``e2e_bounds.prefill_flop_bound``: every token
+computing only its active groups, and tile-level skipping for o/down). Ratios dense/wide sit next to every number.
 
 Robustness: every stage and every shape is wrapped in try/except (an OOM or compile error is recorded, the rest
 runs); every stage has a SIGALRM time limit and the run a ``--budget-s`` (stages that would not fit are recorded as
@@ -47,9 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import wide_compile  # noqa: E402
+from e2e_bounds import decode_byte_bound, prefill_flop_bound  # noqa: E402
 from e2e_models import (  # noqa: E402
-    MODELS, BenchModels, build_models, cache_bytes, clear_masks, decode_byte_bound, fill_cache_random,
-    forward_kwargs, new_static_cache, set_cache_length, skip_rates, snapshot_masks,
+    MODELS, BenchModels, build_models, cache_bytes, clear_masks, fill_cache_random, forward_kwargs, new_static_cache,
+    set_cache_length, skip_rates, snapshot_masks,
 )
 from e2e_timing import (  # noqa: E402
     Budget, Clock, StageTimeout, compile_variant, configure_dynamo, diff_counts, dynamo_counts, fresh_compile_state,
@@ -89,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the run; stages that would "
                    "not fit are skipped and recorded")
     p.add_argument("--stage-timeout-s", type=float, default=300.0, help="time limit of one (stage, variant)")
-    p.add_argument("--profile", action="store_true", help="profile 10 decode steps at batch 1 (top CUDA kernels)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile 10 decode steps per batch size and 2 prefills per length (top CUDA kernels)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="JSON file, rewritten after every measurement")
     p.add_argument("--summarize", nargs="+", type=Path, default=None, metavar="JSON",
@@ -189,7 +192,11 @@ def measure_prefill(run: Run, fn, variant: str, length: int) -> dict:
     if variant == "wide":
         rewind()
         call()
-        out["skip_rates"] = skip_rates(snapshot_masks(model))
+        masks = snapshot_masks(model)
+        out["skip_rates"] = skip_rates(masks)
+        out["flop_bound"] = prefill_flop_bound(model, masks)
+    if run.args.profile:
+        out["profile"] = profile_steps(run, call, 0, cache, steps=2, rewind_each=True)
     return out
 
 
@@ -224,20 +231,23 @@ def measure_decode(run: Run, fn, variant: str, batch: int) -> dict:
         merged = {k: torch.cat([m[k].reshape(-1, m[k].shape[-1]) for m in mask_steps]) for k in mask_steps[0]}
         out["skip_rates"] = skip_rates(merged)
         out["byte_bound"] = decode_byte_bound(model, mask_steps, batch, slots)
-    if args.profile and batch == 1:
+    if args.profile:
         out["profile"] = profile_steps(run, step, start, cache)
     return out
 
 
-def profile_steps(run: Run, step, start: int, cache) -> dict:
-    """Top CUDA kernels of 10 decode steps (inside CUDA graphs where the profiler sees them)."""
+def profile_steps(run: Run, step, start: int, cache, steps: int = 10, rewind_each: bool = False) -> dict:
+    """Top CUDA kernels of ``steps`` calls (decode steps, or prefills with ``rewind_each``; inside CUDA graphs where
+    the profiler sees them), in device ms per call."""
     try:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.clock.cuda else [])
         set_cache_length(cache, start)
         with profile(activities=activities) as prof:
-            for i in range(10):
+            for i in range(steps):
+                if rewind_each:
+                    set_cache_length(cache, start)
                 step(i)
             run.clock.sync()
         rows = []
@@ -245,7 +255,7 @@ def profile_steps(run: Run, step, start: int, cache) -> dict:
             device_us = getattr(evt, "self_device_time_total", None)
             if device_us is None:
                 device_us = getattr(evt, "self_cuda_time_total", 0)
-            rows.append({"name": evt.key[:120], "self_device_ms_per_step": device_us / 1e3 / 10, "count": evt.count})
+            rows.append({"name": evt.key[:120], "self_device_ms_per_step": device_us / 1e3 / steps, "count": evt.count})
         rows.sort(key=lambda r: -r["self_device_ms_per_step"])
         return {"top": rows[:20], "total_device_ms_per_step": sum(r["self_device_ms_per_step"] for r in rows)}
     except Exception as exc:  # noqa: BLE001 - optional diagnostics
@@ -335,6 +345,9 @@ def _short(kind: str, res: dict) -> str:
         text += f", skip {res['skip_rates']['mean']:.3f}"
     if "byte_bound" in res:
         text += f", weight-byte bound {res['byte_bound']['weight_bound_speedup']:.2f}x"
+    if "flop_bound" in res:
+        text += (f", FLOP bound {res['flop_bound']['exact_bound_speedup']:.2f}x exact / "
+                 f"{res['flop_bound']['tile_bound_speedup']:.2f}x tile")
     if "peak_allocated_gb" in res:
         text += f", peak {res['peak_allocated_gb']:.1f} GB"
     return text
@@ -389,12 +402,17 @@ def print_table(record: dict) -> None:
         for shape, entry in sorted(results.get(kind, {}).items(), key=lambda kv: int(kv[0])):
             metric = "ttft" if kind == "prefill" else "ms_per_step"
             dense, wide = entry.get("dense", {}), entry.get("wide", {})
-            bound = wide.get("byte_bound", {}).get("weight_bound_speedup")
+            if kind == "decode":
+                bound = _fmt(wide.get("byte_bound", {}).get("weight_bound_speedup"), ".2f", "x")
+            else:  # exact per-token FLOPs / o, down skipping whole 128-token tiles only
+                flops = wide.get("flop_bound", {})
+                bound = (f"{_fmt(flops.get('exact_bound_speedup'), '.2f', 'x')} / "
+                         f"{_fmt(flops.get('tile_bound_speedup'), '.2f', 'x')}")
             label = f"decode b={shape} ms/step" if kind == "decode" else f"TTFT {shape} tok ms"
             ratios = entry.get("dense_over_wide", {})
             rows.append((label, _fmt(dense.get(metric, {}).get("median_ms"), ".3f"),
                          _fmt(wide.get(metric, {}).get("median_ms"), ".3f"), _fmt(ratios.get("time"), ".2f", "x"),
-                         _fmt(bound, ".2f", "x"), _fmt(wide.get("skip_rates", {}).get("mean"), ".3f")))
+                         bound, _fmt(wide.get("skip_rates", {}).get("mean"), ".3f")))
             rows.append(("  first call s / peak GB",
                          f"{_fmt(dense.get('first_call_s'), '.1f')} / {_fmt(dense.get('peak_allocated_gb'), '.1f')}",
                          f"{_fmt(wide.get('first_call_s'), '.1f')} / {_fmt(wide.get('peak_allocated_gb'), '.1f')}",

@@ -1,13 +1,10 @@
-"""Models, static KV caches and the union-of-masks byte bound for the end-to-end benchmark (``e2e.py``).
+"""Models and static KV caches for the end-to-end benchmark (``e2e.py``); its roofline bounds are in ``e2e_bounds``.
 
 - :func:`build_models`: a dense model and a WIDE twin that *shares its weights* (one copy in memory; the twin gets
   ``wide_compile.apply``). ``llama3-8b-shape`` is built directly on the target device and dtype with random weights;
   ``smollm2`` loads an HF folder (or ``wide_compile.model_zoo``) and trained routers; ``tiny`` is a small random Llama.
 - Static caches: created and initialised before any compiled call (so their K/V tensors are static-address inputs of
   the CUDA graphs), filled with random K/V, positioned by setting each layer's ``cumulative_length`` in place.
-- :func:`decode_byte_bound`: weight (and K/V) bytes a decode step must read given the realized masks of a batch: per
-  layer and projection, a group is read when at least one token of the batch needs it; K/V projections, norms,
-  embedding rows and the LM head stay dense.
 """
 
 from __future__ import annotations
@@ -209,72 +206,3 @@ def skip_rates(masks: dict[tuple[int, str], torch.Tensor]) -> dict:
     out["block_min"] = min(min(v) for v in per_kind.values()) if per_kind else float("nan")
     out["block_max"] = max(max(v) for v in per_kind.values()) if per_kind else float("nan")
     return out
-
-
-def _bytes(model: nn.Module, path: str) -> int:
-    module = model.get_submodule(path)
-    return sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
-
-
-def _unique_param_bytes(model: nn.Module, skip: set[int] = frozenset()) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
-
-
-def decode_byte_bound(wide: nn.Module, steps: list[dict[tuple[int, str], torch.Tensor]], batch: int,
-                      kv_slots: int) -> dict:
-    """Bytes one decode step of ``batch`` tokens must read, dense vs the union of the realized masks.
-
-    ``steps``: realized masks (``snapshot_masks``) of several decode steps, each ``[batch, 1, groups]``. A group's
-    rows of q_proj / o_proj (attention) and of gate, up and down (MLP) are read when any token of the batch needs
-    it; K/V projections, norms, the LM head and the router weights are read in full, the embedding only for the
-    batch's rows. K/V cache: ``kv_slots`` per sequence (a static cache reads all its slots); with head-group
-    skipping in attention, a (sequence, KV head) pair is read when one of its query heads is active.
-    """
-    state = get_state(wide)
-    embedding = wide.get_input_embeddings().weight
-    routers = {id(p) for p in wide_compile.router_parameters(wide)}
-    lm_head = wide.get_output_embeddings()
-    tied = lm_head is not None and lm_head.weight is embedding
-    skip = routers if tied else routers | {id(embedding)}
-    dense = _unique_param_bytes(wide, skip) + batch * embedding.shape[1] * embedding.element_size()
-    router_bytes = sum(p.numel() * p.element_size() for p in wide_compile.router_parameters(wide))
-
-    layer_by_index = {layer.index: layer for layer in state.blueprint.layers}
-    kv_dense = sum(2 * batch * kv_slots * layer.attention.num_kv_heads * layer.attention.head_dim
-                   * embedding.element_size() for layer in state.blueprint.layers if layer.attention is not None)
-    saved_per_step, kv_fraction, unions = [], [], {"attention": [], "mlp": []}
-    for masks in steps:
-        saved, kv_active, kv_total = 0.0, 0.0, 0
-        for block in state.blocks:
-            mask = masks[block.key].reshape(-1, block.groups)  # [batch tokens, groups]
-            union = mask.any(0).float().mean().item()
-            unions[block.kind].append(union)
-            layer = layer_by_index[block.layer_index]
-            if block.kind == "attention":
-                a = layer.attention
-                q_bytes = _bytes(wide, a.q_proj)
-                if a.fused_qkv:
-                    q_bytes = q_bytes * a.num_heads // (a.num_heads + 2 * a.num_kv_heads)
-                saved += (1.0 - union) * (q_bytes + _bytes(wide, a.o_proj))
-                heads = mask.repeat_interleave(a.num_heads // block.groups, dim=1)  # [batch, q heads]
-                kv_active += heads.reshape(mask.shape[0], a.num_kv_heads, -1).any(-1).float().sum().item()
-                kv_total += mask.shape[0] * a.num_kv_heads
-            else:
-                m = layer.mlp
-                saved += (1.0 - union) * (sum(_bytes(wide, p) for p in m.in_projs) + _bytes(wide, m.down_proj))
-        saved_per_step.append(saved)
-        kv_fraction.append(kv_active / max(1, kv_total))
-
-    saved = sum(saved_per_step) / len(saved_per_step)
-    wide_bytes = dense - saved + router_bytes
-    kv_frac = sum(kv_fraction) / len(kv_fraction)
-    return {
-        "batch": batch, "steps": len(steps),
-        "weight_bytes_dense": dense, "weight_bytes_wide": wide_bytes, "router_bytes": router_bytes,
-        "weight_fraction": wide_bytes / dense, "weight_bound_speedup": dense / wide_bytes,
-        "union_active_attention": sum(unions["attention"]) / max(1, len(unions["attention"])),
-        "union_active_mlp": sum(unions["mlp"]) / max(1, len(unions["mlp"])),
-        "kv_bytes_dense": kv_dense, "kv_fraction_with_head_group_skip": kv_frac,
-        "bound_speedup_weights_plus_kv_dense": (dense + kv_dense) / (wide_bytes + kv_dense),
-        "bound_speedup_weights_plus_kv_skipped": (dense + kv_dense) / (wide_bytes + kv_frac * kv_dense),
-    }

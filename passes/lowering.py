@@ -36,8 +36,10 @@ import torch
 from torch import fx
 
 import wide_compile.kernel_ops  # noqa: F401  (registers the lowered ops)
+import wide_compile.router_mask_op  # noqa: F401  (registers wide::router_mask)
 
 from .attention_lowering import lower_attention_queries
+from .router_lowering import lower_router_decisions
 from .torch_patterns import activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank
 
 
@@ -180,6 +182,10 @@ def lower_wide_patterns(gm: fx.GraphModule) -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
+    routers, router_reasons = lower_router_decisions(gm.graph)  # noise-free router decisions -> wide::router_mask
+    if routers:
+        result.lowered["router_mask"] = routers
+    result.generic.extend(router_reasons)
     attention, reasons = lower_attention_queries(gm.graph, skip)  # first: it reads the attention group_masks
     result.lowered.update(attention)
     result.generic.extend(reasons)

@@ -108,7 +108,7 @@ def input_groups_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    mask_u8: torch.Tensor,
+    mask_rows: torch.Tensor,
     token_order: torch.Tensor,
     tile_groups: torch.Tensor,
     tile_group_counts: torch.Tensor,
@@ -141,7 +141,7 @@ def input_groups_gemm(
     else:
         y = torch.zeros(num_tokens, n_dim, dtype=torch.float32, device=x.device)
     _input_groups_gemm_kernel[(tiles * split,)](
-        x, weight, bias if bias is not None else x, y, mask_u8, token_order, tile_groups, tile_group_counts,
+        x, weight, bias if bias is not None else x, y, mask_rows, token_order, tile_groups, tile_group_counts,
         num_tokens, n_dim, k_dim, num_groups,
         GROUP_SIZE=group_size,
         HAS_BIAS=bias is not None,

@@ -225,7 +225,7 @@ def output_groups_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    mask_u8: torch.Tensor,
+    mask_rows: torch.Tensor,
     group_size: int,
     w_up: torch.Tensor | None = None,
     activation: str = "silu",
@@ -248,7 +248,7 @@ def output_groups_gemv(
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, block_n, block_t) if split > 1 else (x, x)
     _output_groups_gemv_kernel[(tiles * split,)](
-        x, weight, w_up if gated else weight, bias if bias is not None else x, y, mask_u8, ws, counters,
+        x, weight, w_up if gated else weight, bias if bias is not None else x, y, mask_rows, ws, counters,
         num_tokens, n_dim, k_dim, n_dim // group_size,
         GROUP_SIZE=group_size,
         TILES_PER_GROUP=tiles_per_group,
@@ -279,7 +279,7 @@ def input_groups_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    mask_u8: torch.Tensor,
+    mask_rows: torch.Tensor,
     union_groups: torch.Tensor,
     union_count: torch.Tensor,
     group_size: int,
@@ -303,7 +303,7 @@ def input_groups_gemv(
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, cfg["BLOCK_N"], block_t) if split > 1 else (x, x)
     _input_groups_gemv_kernel[(tiles * split,)](
-        x, weight, bias if bias is not None else x, y, mask_u8, union_groups, union_count, ws, counters,
+        x, weight, bias if bias is not None else x, y, mask_rows, union_groups, union_count, ws, counters,
         num_tokens, n_dim, k_dim, num_groups,
         GROUP_SIZE=group_size,
         HAS_BIAS=bias is not None,

@@ -22,7 +22,7 @@ from .group_linear_reference import (
     input_group_linear_reference,
     output_group_linear_reference,
 )
-from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_to_u8
+from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_rows
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _PATHS = ("auto", "gemv", "gemm", "dense")
@@ -134,10 +134,10 @@ GEMM_MIN_TOKENS = 8192
 GEMM_MAX_TILE_DENSITY = 0.6
 
 
-def _mask_input(x2: torch.Tensor, m_u8: torch.Tensor, group_size: int) -> torch.Tensor:
+def _mask_input(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int) -> torch.Tensor:
     """``x`` with each token's inactive groups set to 0 (one broadcast pass, no expanded mask)."""
-    num_tokens, num_groups = m_u8.shape
-    keep = m_u8.view(torch.bool).view(num_tokens, num_groups, 1)
+    num_tokens, num_groups = m_rows.shape
+    keep = (m_rows != 0).view(num_tokens, num_groups, 1)
     xg = x2.view(num_tokens, num_groups, group_size)
     return torch.where(keep, xg, torch.zeros((), dtype=x2.dtype, device=x2.device)).view(num_tokens, -1)
 
@@ -187,7 +187,7 @@ def output_group_linear(
     if _use_gemv(path, x2.shape[0]):
         from .gemv_decode import output_groups_gemv
 
-        y = output_groups_gemv(x2, weight, bias, mask_to_u8(mask), group_size, config=config, out=out2)
+        y = output_groups_gemv(x2, weight, bias, mask_rows(mask), group_size, config=config, out=out2)
     else:
         from .gemm_output_groups import output_groups_gemm
 
@@ -228,7 +228,7 @@ def gated_up_groups(
         from .gemv_decode import output_groups_gemv
 
         h = output_groups_gemv(
-            x2, w_gate, None, mask_to_u8(mask), group_size, w_up=w_up, activation=activation, config=config,
+            x2, w_gate, None, mask_rows(mask), group_size, w_up=w_up, activation=activation, config=config,
             out=out2,
         )
     else:
@@ -280,18 +280,18 @@ def input_group_linear(
     bias = bias.contiguous() if bias is not None else None
     if x2.shape[0] == 0:
         return x.new_empty(*lead, n_dim) if out is None else out
-    m_u8 = mask_to_u8(mask)
+    m_rows = mask_rows(mask)
     num_tokens = x2.shape[0]
     if path == "auto" and num_tokens > DECODE_MAX_TOKENS:
         path, plan = _choose_prefill_input_path(plan, mask, num_tokens, x_is_masked)
     if path == "dense":
-        y = F.linear(x2 if x_is_masked else _mask_input(x2, m_u8, group_size), weight, bias)
+        y = F.linear(x2 if x_is_masked else _mask_input(x2, m_rows, group_size), weight, bias)
     elif _use_gemv(path, num_tokens):
         from .gemv_decode import input_groups_gemv
 
         p = _plan_for(plan, mask, "union")
         y = input_groups_gemv(
-            x2, weight, bias, m_u8, p.union_groups, p.union_count, group_size, x_is_masked, config=config,
+            x2, weight, bias, m_rows, p.union_groups, p.union_count, group_size, x_is_masked, config=config,
             out=out2,
         )
     else:
@@ -299,7 +299,7 @@ def input_group_linear(
 
         p = _plan_for(plan, mask, "input")
         y = input_groups_gemm(
-            x2, weight, bias, m_u8, p.token_order, p.tile_groups, p.tile_group_counts, group_size, p.block_m,
+            x2, weight, bias, m_rows, p.token_order, p.tile_groups, p.tile_group_counts, group_size, p.block_m,
             x_is_masked, config=config, out=out2,
         )
     return _finish(y.reshape(*lead, n_dim), out)

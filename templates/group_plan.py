@@ -99,7 +99,7 @@ class GroupPlan:
 
     num_tokens: int
     num_groups: int
-    mask_u8: torch.Tensor  # [M, G] uint8, 1 = active (contiguous; the kernels read it)
+    mask_u8: torch.Tensor  # [M, G] contiguous rows the kernels read, nonzero = active (see ``mask_rows``)
     group_tokens: torch.Tensor | None = None  # [G, M] int32
     group_counts: torch.Tensor | None = None  # [G] int32
     block_m: int = 0  # token tile of the input-group tables
@@ -124,11 +124,28 @@ class GroupPlan:
 
 
 def mask_to_u8(mask: torch.Tensor) -> torch.Tensor:
-    """``mask[..., G]`` (bool or any dtype, nonzero = active) -> contiguous uint8 ``[M, G]``."""
+    """``mask[..., G]`` (bool or any dtype, nonzero = active) -> contiguous uint8 ``[M, G]`` of 0 / 1."""
     m = mask.reshape(-1, mask.shape[-1])
     if m.dtype != torch.bool:
         m = m != 0
     return m.contiguous().view(torch.uint8)
+
+
+_KERNEL_MASK_DTYPES = (torch.uint8, torch.float32, torch.float16, torch.bfloat16)
+
+
+def mask_rows(mask: torch.Tensor) -> torch.Tensor:
+    """``mask[..., G]`` as the contiguous ``[M, G]`` rows the Triton kernels read (they test ``!= 0``).
+
+    Router masks (0.0 / 1.0 floats) are passed as they are: no conversion kernel per op, which matters at decode,
+    where each op is a few microseconds. bool is reinterpreted as uint8; other dtypes become uint8 0 / 1.
+    """
+    m = mask.reshape(-1, mask.shape[-1])
+    if m.dtype == torch.bool:
+        return m.contiguous().view(torch.uint8)
+    if m.dtype not in _KERNEL_MASK_DTYPES:
+        return mask_to_u8(mask)
+    return m.contiguous()
 
 
 def default_block_m(num_tokens: int) -> int:
@@ -232,7 +249,7 @@ def build_group_plan(
     """
     if not isinstance(mask, torch.Tensor) or mask.dim() < 1:
         raise ValueError("build_group_plan: mask must be a tensor [..., G]")
-    m = mask_to_u8(mask)
+    m = mask_rows(mask) if can_run_triton(mask) else mask_to_u8(mask)
     num_tokens, num_groups = m.shape
     if num_groups == 0:
         raise ValueError("build_group_plan: mask has zero groups")
@@ -248,7 +265,7 @@ def build_group_plan(
         if bm < 16 or bm & (bm - 1):
             raise ValueError(f"build_group_plan: block_m must be a power of two >= 16, got {bm}")
         if sort_tokens and num_tokens > bm:
-            order = pattern_sort_order(m)
+            order = pattern_sort_order(mask_to_u8(m))
         else:
             order = torch.arange(num_tokens, dtype=torch.int32, device=m.device)
         fields["block_m"] = bm
@@ -258,6 +275,6 @@ def build_group_plan(
         if num_tokens <= 256:  # one tile covering every token
             lists, counts = _tile_group_lists(m, None, max(16, next_pow2(num_tokens)))
         else:
-            lists, counts = tile_group_lists_torch(m, None, num_tokens)
+            lists, counts = tile_group_lists_torch(mask_to_u8(m), None, num_tokens)
         fields["union_groups"], fields["union_count"] = lists[0], counts[:1]
     return GroupPlan(num_tokens=num_tokens, num_groups=num_groups, mask_u8=m, **fields)

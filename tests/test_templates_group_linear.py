@@ -77,6 +77,8 @@ def _mask(kind: str, m: int, g: int, gen: torch.Generator) -> torch.Tensor:
         return torch.zeros(m, g, dtype=torch.bool)
     if kind == "random":
         return torch.rand(m, g, generator=gen) < 0.5
+    if kind == "random_bf16":  # router masks arrive as 0.0 / 1.0 floats; the kernels read them as they are
+        return (torch.rand(m, g, generator=gen) < 0.5).to(torch.bfloat16)
     # clustered: each token picks one of 3 patterns; given as float (nonzero = active)
     patterns = torch.rand(3, g, generator=gen) < 0.4
     return patterns[torch.randint(0, 3, (m,), generator=gen)].float()
@@ -102,7 +104,7 @@ def _poisoned(shape, dtype) -> torch.Tensor:
 
 
 DTYPES = [torch.float32, torch.float16]
-MASKS = ["all", "none", "random", "clustered"]
+MASKS = ["all", "none", "random", "random_bf16", "clustered"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
