@@ -304,9 +304,18 @@ SWEEPS = [
 ]
 
 
-def run_sweep(gen: torch.Generator) -> list:
+def decode_sweeps() -> list:
+    """A grid over the input-group GEMV's tile (BLOCK_N x BLOCK_K), pipeline depth and split, for the decode cases
+    that are furthest from their byte bound (down and o_proj at one token; down at 8)."""
+    grid = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=st, SPLIT=sp)
+            for bn in (16, 32, 64) for bk in (128, 256) for st in (5, 9) for sp in (4, 8, 16)]
+    down = [c for c in grid if c["BLOCK_K"] == 128]  # group size 128
+    return [("down", 1, "rand50", down), ("o_proj", 1, "rand50", grid), ("down", 8, "rand50", down)]
+
+
+def run_sweep(gen: torch.Generator, sweeps: list | None = None) -> list:
     out = []
-    for op, m, mname, configs in SWEEPS:
+    for op, m, mname, configs in SWEEPS if sweeps is None else sweeps:
         case = Case(op, m, rotations_for(op, m), gen)
         kind = OPS[op]["kind"]
         g = OPS[op]["N"] // OPS[op]["gs"] if kind in ("gated", "output") else OPS[op]["K"] // OPS[op]["gs"]
@@ -377,6 +386,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants")
+    ap.add_argument("--sweep-decode", action="store_true", help="time a grid of input-group GEMV configs instead")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -391,8 +401,8 @@ def main() -> None:
     meta["ceilings"] = ceilings()
     print("ceilings", meta["ceilings"], flush=True)
     result = dict(meta=meta)
-    if args.sweep:
-        result["sweep"] = run_sweep(gen)
+    if args.sweep or args.sweep_decode:
+        result["sweep"] = run_sweep(gen, decode_sweeps() if args.sweep_decode else None)
         with open(os.path.join(args.out, "kernels_linear_sweep.json"), "w") as f:
             json.dump(result, f, indent=1)
     if not args.no_main:
