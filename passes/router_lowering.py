@@ -1,0 +1,97 @@
+"""Router decisions at inference: ``threshold_gate(router_logits(x, ...), None, tau)`` -> ``wide::router_mask``.
+
+Pattern, on a Dynamo torch-level graph (``GroupRouter.forward`` + ``decisions.decide`` in eval mode):
+
+    xc     = x.to(torch.float32)                          # optional cast (call_method "to" / "float")
+    logits = wide::router_logits(xc, w_in, b_in, w_out, b_out)
+    mask   = wide::threshold_gate(logits, None, tau)      # noise literally None (eval routers)
+
+-> ``mask = wide::router_mask(x, w_in, b_in, w_out, b_out)`` (``wide_compile.router_mask_op``: one Triton launch on
+CUDA instead of a cast, two GEMVs and a compare). The cast is folded into the op (it casts in registers; a cast to
+fp32 is exact) only when the cast has no other user; otherwise the op reads ``xc``.
+
+Lowered only where the result is the same and nothing needs a gradient:
+- ``logits`` has no user besides the gate (the logits are not returned or reused);
+- ``logits`` needs no gradient (its ``example_value.requires_grad`` is False: ``torch.no_grad()`` / inference mode,
+  or routers and input without ``requires_grad``); the op has no gradient;
+- router weights share one dtype and device with the logits (what ``router_logits`` computes in).
+Gates with Gumbel noise (training) or ``topk_gate`` are not this pattern and are left without a reason. Inside
+autocast regions the rewrite is still exact: ``router_logits`` turns autocast off and the op ignores it.
+"""
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+import wide_compile.router_mask_op  # noqa: F401  (registers wide::router_mask)
+
+from .torch_patterns import arg, example_value, wide_op_name
+
+CAST_METHODS = ("to", "float")
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ROUTER_ARGS = ("x", "w_in", "b_in", "w_out", "b_out")  # wide::router_logits' schema
+
+
+def _uncast_input(xc: fx.Node, compute_dtype: torch.dtype) -> fx.Node:
+    """``x`` when ``xc`` is a dtype cast ``x.to(compute_dtype)`` used only by the router, else ``xc``."""
+    if not (isinstance(xc, fx.Node) and xc.op == "call_method" and xc.target in CAST_METHODS and len(xc.users) == 1):
+        return xc
+    x = xc.args[0] if xc.args else None
+    x_val, xc_val = example_value(x), example_value(xc)
+    if x_val is None or xc_val is None:
+        return xc
+    if xc_val.dtype != compute_dtype or x_val.device != xc_val.device or x_val.dtype not in X_DTYPES:
+        return xc
+    return x  # (a dtype cast keeps the shape)
+
+
+def _why_not(logits: fx.Node) -> str | None:
+    """Why ``threshold_gate(logits, None, tau)`` may not be replaced by ``router_mask``, or None."""
+    if not isinstance(logits, fx.Node) or wide_op_name(logits) != "router_logits":
+        return "its logits do not come from wide::router_logits"
+    if len(logits.users) != 1:
+        return f"the router logits {logits.name} are also used outside the gate"
+    value = example_value(logits)
+    if value is None:
+        return "the router logits have no known value (no example_value)"
+    if value.requires_grad:
+        return ("the router logits need a gradient (router training, or routers with requires_grad outside "
+                "torch.no_grad()); wide::router_mask has none")
+    xc, *weights = (arg(logits, i, name) for i, name in enumerate(ROUTER_ARGS))
+    values = [example_value(n) for n in (xc, *weights)]
+    if any(v is None for v in values):
+        return "a router input or weight has no known tensor value"
+    if any(v.dtype != value.dtype or v.device != value.device for v in values):
+        return "router input and weights differ in dtype or device"
+    if value.dtype not in X_DTYPES:
+        return f"router dtype {value.dtype} is not supported (float32, float16 or bfloat16)"
+    return None
+
+
+def lower_router_decisions(graph: fx.Graph) -> tuple[int, list[str]]:
+    """Rewrite every noise-free ``threshold_gate(router_logits(...))`` of ``graph`` in place (see module docstring);
+    returns (number lowered, ``"node: reason"`` for each noise-free gate kept)."""
+    lowered, reasons = 0, []
+    for gate in [n for n in graph.nodes if wide_op_name(n) == "threshold_gate"]:
+        if arg(gate, 1, "noise") is not None:
+            continue  # training: Gumbel noise and a straight-through gradient
+        logits = arg(gate, 0, "logits")
+        why = _why_not(logits)
+        if why is not None:
+            reasons.append(f"{gate.name}: router decision kept as router_logits + threshold_gate: {why}")
+            continue
+        xc, w_in, b_in, w_out, b_out = (arg(logits, i, name) for i, name in enumerate(ROUTER_ARGS))
+        x = _uncast_input(xc, example_value(logits).dtype)
+        with graph.inserting_before(gate):
+            new = graph.call_function(torch.ops.wide.router_mask.default, (x, w_in, b_in, w_out, b_out))
+        new.meta = dict(gate.meta)
+        gate.replace_all_uses_with(new)
+        graph.erase_node(gate)
+        graph.erase_node(logits)
+        if x is not xc and not xc.users:
+            graph.erase_node(xc)
+        lowered += 1
+    return lowered, reasons
+
+
+__all__ = ["lower_router_decisions"]

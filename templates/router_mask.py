@@ -1,0 +1,190 @@
+"""The router decision of a routed block in one Triton launch: ``x -> mask[..., G]``.
+
+Replaces ``x.to(fp32)`` + ``wide::router_logits`` (two GEMVs) + ``wide::threshold_gate(logits, None, tau)``:
+
+    h    = x W_in^T + b_in                                  W_in[R, H], b_in[R]          (fp32 accumulate)
+    l0/1 = h W_out[0::2]^T + b_out[0::2] / W_out[1::2], ...  even rows = skip, odd = execute
+    mask = (l1 >= l0)                                       0.0 / 1.0 in the routers' dtype
+
+Programs: a 2-D grid of (``BLOCK_M`` token tile) x (``SPLIT`` slices of H). Each program accumulates its slice of
+``h[BLOCK_M, R]`` with fp32 ``tl.dot`` (``input_precision="ieee"``: no TF32, so decisions equal the fp32 reference
+except on near-ties). With ``SPLIT > 1`` (decode: M <= 16 reads all of W_in, 512 KB at H=4096, R=32, which one
+program would read latency-bound) every program stores its partial in a workspace and increments the tile's arrival
+counter; the last one to arrive sums the partials in a fixed order (deterministic), then runs the epilogue (``b_in``,
+both logit columns per group chunk, compare, store) and resets the counter. ``SPLIT`` (automatic by default) gives
+about 2 programs per SM: 32 at decode (H=4096, BLOCK_K=128), a few for mid-size M, and ``SPLIT = 1`` for large M
+(>= 2 token tiles per SM), where one program per token tile does everything. Workspace and counters are allocated per call (see ``gemv_decode._split_workspace``:
+cached buffers break CUDA-graph trees).
+
+R and G are padded to powers of two >= 16 with masked loads; H may be ragged. ``x`` is read in its own dtype
+(bf16 / fp16 / fp32) and cast to fp32 in registers (exact). Router weights in fp16 / bf16 (not the default) take the
+PyTorch reference, whose intermediate rounding an fp32 kernel would not reproduce.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, interpreting, next_pow2
+from .router_mask_reference import check_router_mask_args, router_mask_reference
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _router_mask_kernel(
+        x_ptr, w_in_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
+        M, H, R, G, stride_xm,
+        SPLIT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        EVEN_K: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        tile = pid // SPLIT
+        split = pid % SPLIT
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        valid_m = offs_m < M
+        offs_r = tl.arange(0, BLOCK_R)
+        valid_r = offs_r < R
+        offs_k = tl.arange(0, BLOCK_K)
+
+        # ---- h partial over this program's slice of H: x[BLOCK_M, BLOCK_K] @ W_in^T[BLOCK_K, BLOCK_R]
+        k_len = tl.cdiv(tl.cdiv(H, SPLIT), BLOCK_K) * BLOCK_K
+        k_begin = split * k_len
+        k_stop = tl.minimum(H, k_begin + k_len)
+        x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + (k_begin + offs_k)[None, :]
+        w_ptrs = w_in_ptr + offs_r.to(tl.int64)[None, :] * H + (k_begin + offs_k)[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k in range(k_begin, k_stop, BLOCK_K):
+            if EVEN_K:
+                xt = tl.load(x_ptrs, mask=valid_m[:, None], other=0.0)
+                wt = tl.load(w_ptrs, mask=valid_r[None, :], other=0.0)
+            else:
+                k_ok = (k + offs_k) < k_stop
+                xt = tl.load(x_ptrs, mask=valid_m[:, None] & k_ok[None, :], other=0.0)
+                wt = tl.load(w_ptrs, mask=k_ok[:, None] & valid_r[None, :], other=0.0)
+            acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+
+        # ---- one-launch split: partials to the workspace, the last program of the tile sums them in split order
+        finish = True
+        if SPLIT > 1:
+            part = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + offs_r[None, :]  # [BLOCK_M, BLOCK_R] of this tile
+            ws_tile = ws_ptr + tile.to(tl.int64) * (SPLIT * BLOCK_M * BLOCK_R)
+            tl.store(ws_tile + split * BLOCK_M * BLOCK_R + part, acc, mask=valid_m[:, None])
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+            finish = arrived == SPLIT - 1
+            if finish:
+                tl.debug_barrier()
+                acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+                for s in tl.static_range(SPLIT):
+                    acc += tl.load(ws_tile + s * BLOCK_M * BLOCK_R + part, mask=valid_m[:, None], other=0.0,
+                                   cache_modifier=".cg")
+                tl.atomic_xchg(counter_ptr + tile, 0)
+
+        # ---- epilogue: h = acc + b_in; per chunk of groups both logit columns, compare, store 0/1
+        if finish:
+            h = acc + tl.load(b_in_ptr + offs_r, mask=valid_r, other=0.0).to(tl.float32)[None, :]
+            out_rows = out_ptr + offs_m.to(tl.int64)[:, None] * G
+            for g0 in range(0, G, BLOCK_G):
+                offs_g = g0 + tl.arange(0, BLOCK_G)
+                valid_g = offs_g < G
+                w_mask = valid_r[:, None] & valid_g[None, :]
+                skip_rows = w_out_ptr + (2 * offs_g)[None, :] * R + offs_r[:, None]  # W_out[2g, r] as [R, G]
+                w_skip = tl.load(skip_rows, mask=w_mask, other=0.0).to(tl.float32)
+                w_exec = tl.load(skip_rows + R, mask=w_mask, other=0.0).to(tl.float32)
+                b_skip = tl.load(b_out_ptr + 2 * offs_g, mask=valid_g, other=0.0).to(tl.float32)
+                b_exec = tl.load(b_out_ptr + 2 * offs_g + 1, mask=valid_g, other=0.0).to(tl.float32)
+                l_skip = tl.dot(h, w_skip, input_precision="ieee") + b_skip[None, :]
+                l_exec = tl.dot(h, w_exec, input_precision="ieee") + b_exec[None, :]
+                decision = (l_exec >= l_skip).to(out_ptr.dtype.element_ty)
+                tl.store(out_rows + offs_g[None, :], decision, mask=valid_m[:, None] & valid_g[None, :])
+
+
+DECODE_TOKENS = 16  # M <= this: one token tile, H split among programs
+
+
+def _sm_count(device: torch.device) -> int:
+    if interpreting() or device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, device: torch.device) -> dict:
+    """Default launch configuration (the keys :func:`router_mask` accepts in ``config``)."""
+    block_r = max(16, next_pow2(rank))
+    if interpreting():  # ~1 ms per program and loop step: few, large tiles
+        block_m = 16 if num_tokens <= DECODE_TOKENS else 32
+        return dict(BLOCK_M=block_m, BLOCK_K=64, BLOCK_G=32, SPLIT=1, num_warps=4, num_stages=1)
+    if num_tokens <= DECODE_TOKENS:
+        block_m, block_k, block_g, stages = 16, 128, min(128, max(16, next_pow2(groups))), 2
+    else:
+        block_m, block_k, block_g, stages = (64 if block_r <= 64 else 16), 64, 64, 3
+    block_k = max(16, min(block_k, 8192 // block_r, next_pow2(hidden)))  # bounded W_in tile
+    return dict(BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_G=block_g, SPLIT=0, num_warps=4, num_stages=stages)
+
+
+def _auto_split(tiles: int, hidden: int, block_k: int, device: torch.device) -> int:
+    """Programs for about 2 per SM, each with at least one BLOCK_K step of H (at most 64 splits)."""
+    want = (2 * _sm_count(device)) // tiles
+    return max(1, min(want, cdiv(hidden, block_k), 64))
+
+
+def _use_kernel(x: torch.Tensor, w_in: torch.Tensor) -> bool:
+    return w_in.dtype == torch.float32 and can_run_triton(x)
+
+
+def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor,
+                config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``mask[..., G]`` (dtype of ``w_in``, values 0.0 / 1.0) equal to :func:`router_mask_reference` except on
+    near-ties (``|l1 - l0|`` at fp32 rounding level). ``config`` overrides :func:`router_mask_config` keys
+    (``SPLIT = 0``: automatic); ``out`` (contiguous ``[..., G]``) receives the mask. Runs the reference where
+    Triton cannot run (CPU without ``TRITON_INTERPRET=1``) and for fp16 / bf16 router weights."""
+    check_router_mask_args(x, w_in, b_in, w_out, b_out)
+    hidden, rank, groups = x.shape[-1], w_in.shape[0], w_out.shape[0] // 2
+    lead = x.shape[:-1]
+    if out is not None and (out.shape != (*lead, groups) or out.dtype != w_in.dtype or out.device != x.device
+                            or not out.is_contiguous()):
+        raise ValueError(f"router_mask: out must be a contiguous {w_in.dtype} tensor of shape {(*lead, groups)} on "
+                         f"{x.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    if not _use_kernel(x, w_in):
+        mask = router_mask_reference(x, w_in, b_in, w_out, b_out)
+        return mask if out is None else out.copy_(mask)
+    x2 = x.reshape(-1, hidden)
+    if hidden and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    num_tokens = x2.shape[0]
+    mask = torch.empty((*lead, groups), dtype=w_in.dtype, device=x.device) if out is None else out
+    if num_tokens == 0:
+        return mask
+    cfg = dict(router_mask_config(num_tokens, hidden, rank, groups, x.device), **(config or {}))
+    block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
+    tiles = cdiv(num_tokens, block_m)
+    split = int(cfg.get("SPLIT", 0))
+    if split <= 0:
+        split = _auto_split(tiles, hidden, block_k, x.device)
+    split = max(1, min(split, max(1, cdiv(hidden, block_k))))
+    block_r = max(16, next_pow2(rank))
+    if split > 1:  # per call, never cached (CUDA-graph trees); counters start at 0, the kernel leaves them at 0
+        ws = torch.empty(tiles * split * block_m * block_r, dtype=torch.float32, device=x.device)
+        counters = torch.zeros(tiles, dtype=torch.int32, device=x.device)
+    else:
+        ws, counters = mask, mask  # unused
+    _router_mask_kernel[(tiles * split,)](
+        x2, w_in.contiguous(), b_in.contiguous(), w_out.contiguous(), b_out.contiguous(), mask, ws, counters,
+        num_tokens, hidden, rank, groups, x2.stride(0),
+        SPLIT=split,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        BLOCK_R=block_r,
+        BLOCK_G=cfg["BLOCK_G"],
+        EVEN_K=hidden % (block_k * split) == 0,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return mask

@@ -1,0 +1,58 @@
+"""``wide::router_mask``: a router's inference decision as one op (what ``passes/router_lowering.py`` inserts).
+
+``wide::router_mask(x, w_in, b_in, w_out, b_out) -> mask[..., G]`` equals
+``wide::threshold_gate(wide::router_logits(x.to(w_in.dtype), w_in, b_in, w_out, b_out), None, tau)``: 1.0 where
+``logit_execute >= logit_skip`` (``tau`` does not change a noise-free hard decision), in ``w_in``'s dtype.
+
+Devices: on CUDA the Triton template (``wide_compile.templates.router_mask``: one launch instead of a cast, two GEMVs
+and a compare; decisions equal the fp32 reference except on near-ties); on every other device the PyTorch reference
+(``templates/router_mask_reference.py``), so a compiled CPU model matches eager exactly.
+
+No gradient: the lowering applies only to graphs where nothing needs one (inference). Asking for a gradient through
+this op raises a RuntimeError; training keeps ``router_logits`` + ``threshold_gate`` and their straight-through
+gradient.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _reference():
+    from wide_compile.templates import router_mask_reference  # imported late: the templates package loads Triton
+
+    return router_mask_reference
+
+
+@torch.library.custom_op("wide::router_mask", mutates_args=())
+def router_mask(x: Tensor, w_in: Tensor, b_in: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
+    """Hard router decision ``mask[..., G]`` (see module docstring); the reference on non-CUDA devices."""
+    return _reference().router_mask_reference(x, w_in, b_in, w_out, b_out)
+
+
+@router_mask.register_fake
+def _(x, w_in, b_in, w_out, b_out):
+    _reference().check_router_mask_args(x, w_in, b_in, w_out, b_out)
+    return x.new_empty((*x.shape[:-1], w_out.shape[0] // 2), dtype=w_in.dtype)
+
+
+@router_mask.register_kernel("cuda")
+def router_mask_kernel(x, w_in, b_in, w_out, b_out):
+    """The template path (registered for CUDA; callable on CPU under ``TRITON_INTERPRET=1`` for tests)."""
+    from wide_compile.templates.router_mask import router_mask as template
+
+    return template(x, w_in, b_in, w_out, b_out)
+
+
+def _no_gradient(ctx, grad):
+    raise RuntimeError(
+        "wide::router_mask has no gradient: it is the inference form of a router (the wide backend inserts it only "
+        "where nothing needs a gradient). For router training use wide::router_logits + wide::threshold_gate "
+        "(their straight-through gradient), e.g. compile under torch.enable_grad() with trainable routers.")
+
+
+def _setup(ctx, inputs, output):
+    pass
+
+
+router_mask.register_autograd(_no_gradient, setup_context=_setup)
