@@ -178,14 +178,19 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
             result.generic.append(f"{mask_node.name}: kept, its value feeds {users} ({why})")
 
 
-def lower_wide_patterns(gm: fx.GraphModule) -> LoweringResult:
-    """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it."""
+def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = False) -> LoweringResult:
+    """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
+
+    ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch). Off by
+    default: on the H200 (Llama-3-8B shape) the fused kernel measured slower than cuBLAS + compare, 11.9 µs vs about
+    9 µs per router at decode and 198 µs per router at a 4096-token prefill (benchmarks/notes_e2e.md)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
-    routers, router_reasons = lower_router_decisions(gm.graph)  # noise-free router decisions -> wide::router_mask
-    if routers:
-        result.lowered["router_mask"] = routers
-    result.generic.extend(router_reasons)
+    if fuse_routers:
+        routers, router_reasons = lower_router_decisions(gm.graph)  # noise-free decisions -> wide::router_mask
+        if routers:
+            result.lowered["router_mask"] = routers
+        result.generic.extend(router_reasons)
     attention, reasons = lower_attention_queries(gm.graph, skip)  # first: it reads the attention group_masks
     result.lowered.update(attention)
     result.generic.extend(reasons)

@@ -240,7 +240,7 @@ def tiny_wide_llama(dtype=torch.float32, layers: int = 2):
 def compiled_logits(model, ids, grad: bool = False):
     torch._dynamo.reset()
     wide_compile.backend.reset_compile_report()
-    compiled = torch.compile(model, backend="wide", options={"wide.inner": "eager"})
+    compiled = torch.compile(model, backend="wide", options={"wide.inner": "eager", "wide.fuse_routers": True})
     with torch.set_grad_enabled(grad):
         actual = compiled(ids, use_cache=False).logits
         expected = model(ids, use_cache=False).logits
@@ -270,6 +270,24 @@ def test_inference_graph_lowers_every_router(dtype):
     with wide_compile.track_skip_rates(model) as rates, torch.no_grad():
         model(ids, use_cache=False)
     assert 0 < rates.rates()[(0, "mlp")] < 1  # the routers really decide both ways
+
+
+def test_router_fusion_is_opt_in():
+    """Default backend options keep router_logits + threshold_gate (the fused kernel measured slower on the H200);
+    the option must be a bool."""
+    model = tiny_wide_llama()
+    ids = torch.randint(3, 120, (2, 7))
+    torch._dynamo.reset()
+    wide_compile.backend.reset_compile_report()
+    with torch.no_grad():
+        actual = torch.compile(model, backend="wide", options={"wide.inner": "eager"})(ids, use_cache=False).logits
+        expected = model(ids, use_cache=False).logits
+    assert torch.equal(actual, expected)
+    (graph,) = wide_compile.compile_report(model).graphs
+    assert "router_mask" not in graph.lowered
+    assert wide_op_names(graph.graph_module.graph)["router_logits"] == 4
+    with pytest.raises(ValueError, match="'wide.fuse_routers' must be a bool"):
+        wide_compile.backend.parse_settings(None, {"wide.fuse_routers": 1})
 
 
 def test_graphs_needing_gradients_keep_the_routers():
@@ -329,7 +347,7 @@ def test_hand_written_router_patterns():
     for fn, folded in ((cast_to, True), (cast_float, True), (cast_reused, False)):
         gm, example = _capture(fn, x, *weights, tau)
         before = gm(*example)
-        result = lower_wide_patterns(gm)
+        result = lower_wide_patterns(gm, fuse_routers=True)
         assert result.lowered == {"router_mask": 1} and result.generic == [], fn.__name__
         (node,) = router_mask_nodes(gm)
         assert (node.args[0].op == "placeholder") is folded, fn.__name__
@@ -337,7 +355,7 @@ def test_hand_written_router_patterns():
         for a, b in zip(after, before, strict=True):  # (Dynamo graphs return tuples)
             assert torch.equal(a, b)
     gm, example = _capture(logits_reused, x, *weights, tau)
-    result = lower_wide_patterns(gm)
+    result = lower_wide_patterns(gm, fuse_routers=True)
     assert result.lowered == {} and len(result.generic) == 1 and "also used outside the gate" in result.generic[0]
 
 

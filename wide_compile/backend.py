@@ -35,8 +35,10 @@ Arguments that reach the backend:
   build their group plans on the device without host synchronisation. Use a static KV cache with CUDA graphs
   (``tests/test_static_cache_generate.py``); a DynamicCache's K/V are overwritten by the next replay.
 - ``options``: Inductor config keys (e.g. ``{"fallback_random": True}``), plus the backend's own keys:
-  ``"wide.rewrite"`` (bool, default True: run the rewrites) and ``"wide.inner"`` (``"inductor"`` default,
-  ``"aot_eager"`` or ``"eager"``: what compiles the rewritten graph; the last two are for debugging / fast tests).
+  ``"wide.rewrite"`` (bool, default True: run the rewrites), ``"wide.inner"`` (``"inductor"`` default,
+  ``"aot_eager"`` or ``"eager"``: what compiles the rewritten graph; the last two are for debugging / fast tests)
+  and ``"wide.fuse_routers"`` (bool, default False: lower inference router decisions to the one-launch
+  ``wide::router_mask`` kernel; measured slower than the unfused path on the H200, so opt-in).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
   options (``torch._inductor.list_mode_options(mode)``).
 - ``dynamic=`` of ``torch.compile`` acts in Dynamo and needs nothing here.
@@ -62,7 +64,7 @@ __all__ = ["BACKEND_NAME", "WideBackendWarning", "compile_report", "reset_compil
 
 BACKEND_NAME = "wide"
 INNER_COMPILERS = ("inductor", "aot_eager", "eager")
-_OWN_OPTIONS = ("wide.rewrite", "wide.inner")
+_OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers")
 
 
 class WideBackendWarning(UserWarning):
@@ -74,6 +76,7 @@ class BackendSettings:
     rewrite: bool = True
     inner: str = "inductor"
     inductor_options: dict = field(default_factory=dict)
+    fuse_routers: bool = False
 
 
 def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
@@ -86,8 +89,10 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     if unknown:
         raise ValueError(f"wide backend: unknown option(s) {unknown}; known: {list(_OWN_OPTIONS)}")
     rewrite, inner = own.get("wide.rewrite", True), own.get("wide.inner", "inductor")
-    if not isinstance(rewrite, bool):
-        raise ValueError(f"wide backend: option 'wide.rewrite' must be a bool, got {rewrite!r}")
+    fuse_routers = own.get("wide.fuse_routers", False)
+    for name, value in (("wide.rewrite", rewrite), ("wide.fuse_routers", fuse_routers)):
+        if not isinstance(value, bool):
+            raise ValueError(f"wide backend: option {name!r} must be a bool, got {value!r}")
     if inner not in INNER_COMPILERS:
         raise ValueError(f"wide backend: option 'wide.inner' must be one of {INNER_COMPILERS}, got {inner!r}")
     modes = list_mode_options()
@@ -99,7 +104,7 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     bad = sorted(k for k in options if k not in known)
     if bad:
         raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
-    return BackendSettings(rewrite, inner, {**list_mode_options(mode or "default"), **options})
+    return BackendSettings(rewrite, inner, {**list_mode_options(mode or "default"), **options}, fuse_routers)
 
 
 _warned_plain = False
@@ -144,7 +149,8 @@ def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None 
     wide_ops = wide_op_names(gm.graph)
     if not wide_ops:
         _warn_plain_once()
-    result = lower_wide_patterns(gm) if settings.rewrite and wide_ops else LoweringResult()
+    rewrite = settings.rewrite and wide_ops
+    result = lower_wide_patterns(gm, fuse_routers=settings.fuse_routers) if rewrite else LoweringResult()
     compiled = _inner_compile(gm, example_inputs, settings)
     compile_id = torch._guards.CompileContext.current_compile_id()
     code, graph_break = _where(gm)

@@ -59,14 +59,20 @@ def group_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bo
     """``scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)`` (GQA when k/v have fewer heads)
     with the query heads of each token's inactive groups multiplied by 0 (see module docstring)."""
     _check_group_attention_args(q, k, v, mask)
+    return _masked_sdpa(q, k, v, mask, is_causal, scale)
+
+
+def _masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None) -> Tensor:
+    """The op's math, contiguous (every implementation returns the fake's contiguous layout: Inductor checks the
+    strides of custom-op outputs against the fake, and SDPA / ``q`` may come in other layouts)."""
     out = _sdpa(q, k, v, is_causal, scale)
-    return out * head_mask(mask, q.shape[1]).to(out.dtype)
+    return (out * head_mask(mask, q.shape[1]).to(out.dtype)).contiguous()
 
 
 @group_attention.register_fake
 def _(q, k, v, mask, is_causal, scale=None):
     _check_group_attention_args(q, k, v, mask)
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # contiguous, whatever the layout of q
 
 
 @group_attention.register_kernel("cuda")
@@ -76,11 +82,10 @@ def group_attention_kernel(q, k, v, mask, is_causal, scale=None):
     _check_group_attention_args(q, k, v, mask)
     q_len, kv_len = q.shape[2], k.shape[2]
     if not _kernel_ok(q, k, v) or (is_causal and q_len != kv_len) or q.shape[-1] > 256 or kv_len == 0:
-        out = _sdpa(q, k, v, is_causal, scale)
-        return out * head_mask(mask, q.shape[1]).to(out.dtype)
+        return _masked_sdpa(q, k, v, mask, is_causal, scale)
     from wide_compile.templates import group_attention as template
 
-    return template(q, k, v, mask, causal=is_causal, scale=scale)
+    return template(q, k, v, mask, causal=is_causal, scale=scale).contiguous()
 
 
 def _ga_setup(ctx, inputs, output):
