@@ -178,12 +178,11 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
             result.generic.append(f"{mask_node.name}: kept, its value feeds {users} ({why})")
 
 
-def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = False) -> LoweringResult:
+def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True) -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
-    ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch). Off by
-    default: on the H200 (Llama-3-8B shape) the fused kernel measured slower than cuBLAS + compare, 11.9 µs vs about
-    9 µs per router at decode and 198 µs per router at a 4096-token prefill (benchmarks/notes_e2e.md)."""
+    ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the
+    token count is in the range where it measured faster (``passes/router_lowering.py``)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:

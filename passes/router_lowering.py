@@ -10,11 +10,13 @@ Pattern, on a Dynamo torch-level graph (``GroupRouter.forward`` + ``decisions.de
 CUDA instead of a cast, two GEMVs and a compare). The cast is folded into the op (it casts in registers; a cast to
 fp32 is exact) only when the cast has no other user; otherwise the op reads ``xc``.
 
-Lowered only where the result is the same and nothing needs a gradient:
+Lowered only where the result is the same, nothing needs a gradient and it pays:
 - ``logits`` has no user besides the gate (the logits are not returned or reused);
 - ``logits`` needs no gradient (its ``example_value.requires_grad`` is False: ``torch.no_grad()`` / inference mode,
   or routers and input without ``requires_grad``); the op has no gradient;
-- router weights share one dtype and device with the logits (what ``router_logits`` computes in).
+- router weights share one dtype and device with the logits (what ``router_logits`` computes in);
+- the token count is ``FUSED_TOKENS`` (2-64, where the kernel measured faster on the H200) or not static (dynamic
+  shapes: the op decides per call).
 Gates with Gumbel noise (training) or ``topk_gate`` are not this pattern and are left without a reason. Inside
 autocast regions the rewrite is still exact: ``router_logits`` turns autocast off and the op ignores it.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-import wide_compile.router_mask_op  # noqa: F401  (registers wide::router_mask)
+from wide_compile.router_mask_op import FUSED_TOKENS, fused_for  # (importing it registers wide::router_mask)
 
 from .torch_patterns import arg, example_value, wide_op_name
 
@@ -65,7 +67,23 @@ def _why_not(logits: fx.Node) -> str | None:
         return "router input and weights differ in dtype or device"
     if value.dtype not in X_DTYPES:
         return f"router dtype {value.dtype} is not supported (float32, float16 or bfloat16)"
+    tokens = _static_tokens(value)
+    if tokens is not None and not fused_for(tokens):
+        return (f"{tokens} tokens: the fused kernel is faster only for {FUSED_TOKENS[0]}-{FUSED_TOKENS[1]} tokens "
+                "(measured on the H200)")
     return None
+
+
+def _static_tokens(logits_value) -> int | None:
+    """Tokens of a ``[..., G, 2]`` logits value when its leading sizes are plain ints (static shapes), else None (the
+    op then picks the kernel at run time)."""
+    sizes = logits_value.shape[:-2]
+    if not all(isinstance(d, int) for d in sizes):
+        return None
+    tokens = 1
+    for d in sizes:
+        tokens *= d
+    return tokens
 
 
 def lower_router_decisions(graph: fx.Graph) -> tuple[int, list[str]]:

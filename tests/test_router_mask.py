@@ -272,22 +272,43 @@ def test_inference_graph_lowers_every_router(dtype):
     assert 0 < rates.rates()[(0, "mlp")] < 1  # the routers really decide both ways
 
 
-def test_router_fusion_is_opt_in():
-    """Default backend options keep router_logits + threshold_gate (the fused kernel measured slower on the H200);
-    the option must be a bool."""
+@pytest.mark.parametrize("batch, tokens, fused", [(1, 1, False), (2, 7, True), (8, 8, True), (5, 13, False)])
+def test_router_fusion_follows_the_measured_token_range(batch, tokens, fused):
+    """Static shapes: routers are fused for 2-64 tokens (faster there on the H200), kept unfused at 1 token and above
+    64 with the reason; ``wide.fuse_routers=False`` keeps them all; the option must be a bool."""
     model = tiny_wide_llama()
-    ids = torch.randint(3, 120, (2, 7))
-    torch._dynamo.reset()
-    wide_compile.backend.reset_compile_report()
-    with torch.no_grad():
-        actual = torch.compile(model, backend="wide", options={"wide.inner": "eager"})(ids, use_cache=False).logits
-        expected = model(ids, use_cache=False).logits
-    assert torch.equal(actual, expected)
-    (graph,) = wide_compile.compile_report(model).graphs
-    assert "router_mask" not in graph.lowered
-    assert wide_op_names(graph.graph_module.graph)["router_logits"] == 4
+    ids = torch.randint(3, 120, (batch, tokens))
+    for option in (True, False):
+        torch._dynamo.reset()
+        wide_compile.backend.reset_compile_report()
+        options = {"wide.inner": "eager", "wide.fuse_routers": option}
+        with torch.no_grad():
+            actual = torch.compile(model, backend="wide", options=options)(ids, use_cache=False).logits
+            expected = model(ids, use_cache=False).logits
+        assert torch.equal(actual, expected)
+        (graph,) = wide_compile.compile_report(model).graphs
+        assert graph.lowered.get("router_mask", 0) == (4 if fused and option else 0)
+        kept = [why for why in graph.generic if "router decision kept" in why]
+        assert len(kept) == (4 if option and not fused else 0)
+        assert all(f"{batch * tokens} tokens: the fused kernel is faster only for 2-64" in why for why in kept)
     with pytest.raises(ValueError, match="'wide.fuse_routers' must be a bool"):
         wide_compile.backend.parse_settings(None, {"wide.fuse_routers": 1})
+
+
+def test_op_runs_the_kernel_only_in_the_token_range(monkeypatch):
+    """On CUDA (here: the registered CUDA implementation called directly) outside 2-64 tokens the reference runs."""
+    from wide_compile import router_mask_op
+
+    calls = []
+    import wide_compile.templates.router_mask as template
+
+    monkeypatch.setattr(template, "router_mask", lambda *a, **k: calls.append(a[0].shape) or router_mask_reference(*a))
+    weights = router_weights(64, 16, 4, seed=3)
+    for shape in ((1, 64), (2, 64), (4, 16, 64), (5, 13, 64)):
+        x = tokens(shape, torch.float32, seed=4)
+        out = router_mask_op.router_mask_kernel(x, *weights)
+        assert torch.equal(out, router_mask_reference(x, *weights))
+    assert calls == [(2, 64), (4, 16, 64)]
 
 
 def test_graphs_needing_gradients_keep_the_routers():

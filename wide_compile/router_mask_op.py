@@ -4,9 +4,14 @@
 ``wide::threshold_gate(wide::router_logits(x.to(w_in.dtype), w_in, b_in, w_out, b_out), None, tau)``: 1.0 where
 ``logit_execute >= logit_skip`` (``tau`` does not change a noise-free hard decision), in ``w_in``'s dtype.
 
-Devices: on CUDA the Triton template (``wide_compile.templates.router_mask``: one launch instead of a cast, two GEMVs
-and a compare; decisions equal the fp32 reference except on near-ties); on every other device the PyTorch reference
-(``templates/router_mask_reference.py``), so a compiled CPU model matches eager exactly.
+Devices: on CUDA, for ``FUSED_TOKENS`` = 2 to 64 tokens, the Triton template (``wide_compile.templates.router_mask``:
+one launch instead of a cast, two GEMVs and a compare; decisions equal the fp32 reference except on near-ties); for
+other token counts on CUDA, and on every other device, the PyTorch reference (``templates/router_mask_reference.py``:
+cuBLAS on CUDA), so a compiled CPU model matches eager exactly.
+
+Why the range (H200, Llama-3-8B shape, whole-model decode / prefill with CUDA graphs, ``benchmarks/notes_e2e.md``):
+the fused kernel made decode steps faster at batch 8 (11.24 vs 13.33 ms) and 32 (28.08 vs 29.32 ms), but slower at
+batch 1 (about 2 µs more per router) and at a 4096-token prefill (198 µs per router against cuBLAS's tens).
 
 No gradient: the lowering applies only to graphs where nothing needs one (inference). Asking for a gradient through
 this op raises a RuntimeError; training keeps ``router_logits`` + ``threshold_gate`` and their straight-through
@@ -24,6 +29,14 @@ def _reference():
     return router_mask_reference
 
 
+FUSED_TOKENS = (2, 64)  # inclusive token range where the fused kernel runs on CUDA (see module docstring)
+
+
+def fused_for(tokens: int) -> bool:
+    """Whether a call with ``tokens`` tokens runs the fused kernel on CUDA."""
+    return FUSED_TOKENS[0] <= tokens <= FUSED_TOKENS[1]
+
+
 @torch.library.custom_op("wide::router_mask", mutates_args=())
 def router_mask(x: Tensor, w_in: Tensor, b_in: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
     """Hard router decision ``mask[..., G]`` (see module docstring); the reference on non-CUDA devices."""
@@ -38,7 +51,11 @@ def _(x, w_in, b_in, w_out, b_out):
 
 @router_mask.register_kernel("cuda")
 def router_mask_kernel(x, w_in, b_in, w_out, b_out):
-    """The template path (registered for CUDA; callable on CPU under ``TRITON_INTERPRET=1`` for tests)."""
+    """The template path for ``FUSED_TOKENS`` tokens, else the reference (registered for CUDA; callable on CPU under
+    ``TRITON_INTERPRET=1`` for tests)."""
+    tokens = x.numel() // max(1, x.shape[-1]) if x.dim() else 1
+    if not fused_for(tokens):
+        return _reference().router_mask_reference(x, w_in, b_in, w_out, b_out)
     from wide_compile.templates.router_mask import router_mask as template
 
     return template(x, w_in, b_in, w_out, b_out)
