@@ -52,21 +52,28 @@ def _ptxas_report(ptx: str) -> str:
 
 def main() -> None:
     bf = "*bf16"
-    prefill_ptrs = {"Q": bf, "K": bf, "V": bf, "O": bf, "ORDER": "*i32", "COUNT": "*i32"}
-    for m, n, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]:
-        consts = dict(HEAD_DIM=128, BLOCK_D=128, IS_CAUSAL=True, INPUT_PRECISION="tf32", BLOCK_M=m, BLOCK_N=n)
+    prefill_ptrs = {"Q": bf, "K": bf, "V": bf, "O": bf, "ORDER": "*i32", "COUNT": "*i32", "AMASK": "*u8"}
+    prefill = [(m, n, w, s, True, False) for m, n, w, s in
+               [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]]
+    prefill += [(64, 64, 4, 3, False, True), (128, 64, 8, 3, False, True)]  # explicit boolean mask (static caches)
+    for m, n, w, s, causal, amask in prefill:
+        consts = dict(HEAD_DIM=128, BLOCK_D=128, IS_CAUSAL=causal, HAS_AMASK=amask, INPUT_PRECISION="tf32",
+                      BLOCK_M=m, BLOCK_N=n)
         k = _compile(_prefill_kernel, prefill_ptrs, consts, ("qk_scale",), w, s)
         ptx = k.asm["ptx"]
-        print(f"prefill BM={m} BN={n} w={w} s={s}: smem={k.metadata.shared} wgmma={ptx.count('wgmma.mma_async')} "
-              f"cp.async={ptx.count('cp.async.cg')} :: {_ptxas_report(ptx)}")
-    dec_ptrs = {"Q": bf, "K": bf, "V": bf, "MASK": "*u8", "O": bf, "PART_O": "*fp32", "PART_LSE": "*fp32"}
-    for n, w, s in [(64, 4, 3), (128, 4, 3), (128, 8, 3)]:
-        consts = dict(Q_PER_KV=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, IS_CAUSAL=True, DIRECT_OUT=False,
-                      INPUT_PRECISION="tf32", BLOCK_N=n)
+        print(f"prefill BM={m} BN={n} w={w} s={s} mask={'explicit' if amask else 'causal'}: smem={k.metadata.shared} "
+              f"wgmma={ptx.count('wgmma.mma_async')} cp.async={ptx.count('cp.async.cg')} :: {_ptxas_report(ptx)}")
+    dec_ptrs = {"Q": bf, "K": bf, "V": bf, "MASK": "*u8", "O": bf, "PART_O": "*fp32", "PART_LSE": "*fp32",
+                "AMASK": "*u8"}
+    for n, w, s, causal, amask in [(64, 4, 3, True, False), (128, 4, 3, True, False), (128, 8, 3, True, False),
+                                   (64, 4, 2, False, True), (128, 4, 3, False, True)]:
+        consts = dict(Q_PER_KV=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, IS_CAUSAL=causal, HAS_AMASK=amask,
+                      DIRECT_OUT=False, INPUT_PRECISION="tf32", BLOCK_N=n)
         k = _compile(_decode_split_kernel, dec_ptrs, consts, ("qk_scale",), w, s)
         ptx = k.asm["ptx"]
-        print(f"decode BN={n} w={w} s={s}: smem={k.metadata.shared} wgmma={ptx.count('wgmma.mma_async')} "
-              f"mma.sync={ptx.count('mma.sync')} cp.async={ptx.count('cp.async.cg')} :: {_ptxas_report(ptx)}")
+        print(f"decode BN={n} w={w} s={s} mask={'explicit' if amask else 'causal'}: smem={k.metadata.shared} "
+              f"wgmma={ptx.count('wgmma.mma_async')} mma.sync={ptx.count('mma.sync')} "
+              f"cp.async={ptx.count('cp.async.cg')} :: {_ptxas_report(ptx)}")
 
 
 if __name__ == "__main__":

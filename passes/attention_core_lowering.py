@@ -7,11 +7,11 @@ at its own token and group. ``wide::group_attention(q, k, v, m, is_causal, scale
 (token, group) pairs and zeros for the others, which ``gm`` zeroes anyway: the block's output is unchanged, and the
 Triton templates skip the K/V reads of inactive groups (decode) and their FLOPs (prefill).
 
-Lowered only when the templates compute exactly what SDPA does: no explicit ``attn_mask`` (an explicit mask, e.g.
-HF's padding / packed-sequence mask, or a static KV cache's mask, cannot be proven causal from the graph), no
-dropout, ``is_causal`` with as many queries as keys (SDPA aligns a causal mask top-left, the templates bottom-right;
-they agree when ``T == S``) or not causal (decode: ``T = 1`` sees every key), k and v of one shape, a constant or
-graph-valued scale. Eager ``softmax(QK^T)V`` cores stay as they are. Each refusal is reported with its reason.
+Lowered only when the templates compute exactly what SDPA does: no ``attn_mask`` or a boolean one (HF's padding /
+packed-sequence / static-KV-cache masks; the templates read it and skip key blocks no row may see; additive float
+masks stay on SDPA), no dropout, ``is_causal`` with as many queries as keys (SDPA aligns a causal mask top-left, the
+templates bottom-right; they agree when ``T == S``) or not causal, k and v of one shape, a constant or graph-valued
+scale. Eager ``softmax(QK^T)V`` cores stay as they are. Each refusal is reported with its reason.
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ def _why_not(core: fx.Node, terminal: Terminal, flows: dict, skip: set[fx.Node])
         return "inside an autocast region"
     a = _sdpa_args(core)
     if a["attn_mask"] is not None:
-        return "SDPA has an explicit attn_mask (a padding, packed-sequence or static-cache mask is not provably causal)"
+        mask = example_value(a["attn_mask"])
+        if mask is None or mask.dtype != torch.bool:
+            return "SDPA has an additive (non-boolean) attn_mask"
+        if not 2 <= mask.dim() <= 4 or a["is_causal"] is not False:
+            return "SDPA's attn_mask is not a [B, H, T, S]-broadcastable boolean mask without is_causal"
     if not (isinstance(a["dropout_p"], (int, float)) and a["dropout_p"] == 0):
         return "SDPA has dropout"
     if not isinstance(a["is_causal"], bool) or not isinstance(a["enable_gqa"], bool):
@@ -60,7 +64,10 @@ def _why_not(core: fx.Node, terminal: Terminal, flows: dict, skip: set[fx.Node])
     if not isinstance(head_dim, int) or terminal.group_size % head_dim:
         return "head_dim is not a constant that divides the group size"
     flow = flows.get(a["query"])
-    if flow is None or flow.maps != (AxisMap(0), AxisMap(2), AxisMap(1, 1, head_dim)):
+    expected = (AxisMap(0), AxisMap(2), AxisMap(1, 1, head_dim))
+    sizes = (q.shape[0], q.shape[2], None)  # a size-1 batch / token axis cannot be misplaced (decode at batch 1)
+    if flow is None or len(flow.maps) != 3 or any(
+            m != e for m, e, n in zip(flow.maps, expected, sizes) if n is None or not same_size(n, 1)):
         return "the query at the core is not [batch, heads, tokens, head_dim] with heads in feature order"
     return None
 
@@ -77,7 +84,8 @@ def lower_attention_core(graph: fx.Graph, core: fx.Node, terminal: Terminal, flo
     a = _sdpa_args(core)
     with graph.inserting_before(core):
         new = graph.call_function(torch.ops.wide.group_attention.default,
-                                  (a["query"], a["key"], a["value"], terminal.mask, a["is_causal"], a["scale"]))
+                                  (a["query"], a["key"], a["value"], terminal.mask, a["is_causal"], a["scale"],
+                                   a["attn_mask"]))
     new.meta = dict(core.meta)
     core.replace_all_uses_with(new)
     graph.erase_node(core)

@@ -15,8 +15,8 @@ Lowered only where the result is the same, nothing needs a gradient and it pays:
 - ``logits`` needs no gradient (its ``example_value.requires_grad`` is False: ``torch.no_grad()`` / inference mode,
   or routers and input without ``requires_grad``); the op has no gradient;
 - router weights share one dtype and device with the logits (what ``router_logits`` computes in);
-- the token count is ``FUSED_TOKENS`` (2-64, where the kernel measured faster on the H200) or not static (dynamic
-  shapes: the op decides per call).
+- the token count is in ``FUSED_TOKENS`` (2-64, where the kernel measured faster on the H200) or not static
+  (dynamic shapes: the op decides per call); outside it the gate is left as it is without a reason (a speed choice).
 Gates with Gumbel noise (training) or ``topk_gate`` are not this pattern and are left without a reason. Inside
 autocast regions the rewrite is still exact: ``router_logits`` turns autocast off and the op ignores it.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from wide_compile.router_mask_op import FUSED_TOKENS, fused_for  # (importing it registers wide::router_mask)
+from wide_compile.router_mask_op import fused_for  # (importing it registers wide::router_mask)
 
 from .torch_patterns import arg, example_value, wide_op_name
 
@@ -67,11 +67,13 @@ def _why_not(logits: fx.Node) -> str | None:
         return "router input and weights differ in dtype or device"
     if value.dtype not in X_DTYPES:
         return f"router dtype {value.dtype} is not supported (float32, float16 or bfloat16)"
-    tokens = _static_tokens(value)
-    if tokens is not None and not fused_for(tokens):
-        return (f"{tokens} tokens: the fused kernel is faster only for {FUSED_TOKENS[0]}-{FUSED_TOKENS[1]} tokens "
-                "(measured on the H200)")
     return None
+
+
+def _pays(logits: fx.Node) -> bool:
+    """Whether the fused kernel measured faster for this graph's token count (always when it is not static)."""
+    tokens = _static_tokens(example_value(logits))
+    return tokens is None or fused_for(tokens)
 
 
 def _static_tokens(logits_value) -> int | None:
@@ -95,6 +97,8 @@ def lower_router_decisions(graph: fx.Graph) -> tuple[int, list[str]]:
             continue  # training: Gumbel noise and a straight-through gradient
         logits = arg(gate, 0, "logits")
         why = _why_not(logits)
+        if why is None and not _pays(logits):
+            continue  # a speed choice, not a fallback: the unfused ops are the faster path at this size
         if why is not None:
             reasons.append(f"{gate.name}: router decision kept as router_logits + threshold_gate: {why}")
             continue

@@ -32,6 +32,7 @@ def group_attention(
     scale: float | None = None,
     merge_heads: bool = False,
     out: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Head-group-masked (GQA) attention; returns ``[B, Hq, T, D]``, or ``[B, T, Hq * D]`` with ``merge_heads``.
 
@@ -44,16 +45,20 @@ def group_attention(
         scale: score scale, default ``1 / sqrt(D)``.
         merge_heads: write the output as ``[B, T, Hq * D]`` (the output projection's input) with no extra copy.
         out: optional preallocated result (``[B, Hq, T, D]``, or ``[B, T, Hq * D]`` with ``merge_heads``).
+        attn_mask: optional boolean mask broadcastable to ``[B, Hq, T, S]`` (True = may attend), instead of
+            ``causal`` (e.g. the causal + unfilled-slot mask of a static KV cache). Key blocks that no row of a
+            tile may see are skipped; a row that may see no key gets zeros.
     """
-    dims = check_attention_inputs(q, k, v, head_mask, causal, scale)
+    dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask)
     result, view = allocate_output(q, dims, merge_heads, out)
     if q.device.type != "cuda" and not interpreting():
-        view.copy_(group_attention_reference(q, k, v, head_mask, causal=causal, scale=dims.scale))
+        view.copy_(group_attention_reference(q, k, v, head_mask, causal=causal, scale=dims.scale,
+                                             attn_mask=attn_mask))
         return result
     if dims.q_len == 0:
         return result
     if dims.q_len <= MAX_DECODE_TOKENS and dims.q_per_kv * dims.q_len <= MAX_DECODE_ROWS:
-        launch_decode(q, k, v, head_mask, view, dims, causal)
+        launch_decode(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask)
     else:
-        launch_prefill(q, k, v, head_mask, view, dims, causal)
+        launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask)
     return result

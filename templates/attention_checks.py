@@ -55,8 +55,10 @@ def check_attention_inputs(
     head_mask: torch.Tensor,
     causal: bool,
     scale: float | None,
+    attn_mask: torch.Tensor | None = None,
 ) -> AttentionDims:
-    """Validate ``q[B,Hq,T,D]``, ``k/v[B,Hkv,S,D]``, ``head_mask[B,T,G]``; return the sizes.
+    """Validate ``q[B,Hq,T,D]``, ``k/v[B,Hkv,S,D]``, ``head_mask[B,T,G]`` and the optional boolean ``attn_mask``
+    (broadcastable to ``[B, Hq, T, S]``, True = may attend; not with ``causal``); return the sizes.
 
     Raises ``TypeError`` for wrong types/dtypes and ``ValueError`` for wrong devices, shapes or divisibility.
     """
@@ -105,6 +107,8 @@ def check_attention_inputs(
             f"group_attention: causal attention needs T <= S (query t sits at position S - T + t), "
             f"got T={q_len}, S={kv_len}"
         )
+    if attn_mask is not None:
+        _check_attn_mask(attn_mask, q, causal, (batch, num_q_heads, q_len, kv_len))
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     else:
@@ -112,6 +116,28 @@ def check_attention_inputs(
         if not math.isfinite(scale):
             raise ValueError(f"group_attention: scale must be finite, got {scale}")
     return AttentionDims(batch, num_q_heads, num_kv_heads, num_groups, q_len, kv_len, head_dim, scale)
+
+
+def _check_attn_mask(attn_mask: torch.Tensor, q: torch.Tensor, causal: bool, full: tuple[int, ...]) -> None:
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"group_attention: attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool:
+        raise TypeError(f"group_attention: attn_mask must be boolean (True = may attend), got {attn_mask.dtype}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"group_attention: attn_mask is on {attn_mask.device} but q is on {q.device}")
+    if causal:
+        raise ValueError("group_attention: give either causal=True or an attn_mask, not both")
+    if not 2 <= attn_mask.dim() <= 4 or any(
+            m not in (1, f) for m, f in zip(attn_mask.shape[::-1], full[::-1])):
+        raise ValueError(f"group_attention: attn_mask shape {_shape(attn_mask)} does not broadcast to "
+                         f"[B, Hq, T, S] = {list(full)}")
+
+
+def expand_attn_mask(attn_mask: torch.Tensor, dims: AttentionDims) -> torch.Tensor:
+    """The checked boolean mask as a ``[B, Hq, T, S]`` uint8 view (broadcast dimensions get stride 0, no copy)."""
+    full = (dims.batch, dims.num_q_heads, dims.q_len, dims.kv_len)
+    mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)).expand(full)
+    return mask.view(torch.uint8)
 
 
 def allocate_output(

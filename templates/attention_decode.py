@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, interpreting
+from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
 
@@ -28,16 +28,36 @@ _MAX_SPLITS = 64
 
 
 @triton.jit
+def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, col_ok, valid, offs_d, dmask, qk_scale,
+                  INPUT_PRECISION: tl.constexpr):
+    """Online-softmax update over one key block: K/V read where ``col_ok``, ``valid[rows, keys]`` says which scores
+    count."""
+    k = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)
+    qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
+    qk = tl.where(valid, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet stays at 0
+    p = tl.math.exp2(qk - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _decode_split_kernel(
-    Q, K, V, MASK, O, PART_O, PART_LSE,
+    Q, K, V, MASK, O, PART_O, PART_LSE, AMASK,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_mb, stride_mt, stride_mg,
     stride_ob, stride_oh, stride_ot,
+    stride_ab, stride_ah, stride_at, stride_as,
     num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     split = tl.program_id(0)
     bk = tl.program_id(1)
@@ -69,27 +89,22 @@ def _decode_split_kernel(
         m_i = tl.zeros([BLOCK_R], dtype=tl.float32) - float("inf")
         l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+        am_rows = AMASK + b.to(tl.int64) * stride_ab + head.to(tl.int64) * stride_ah + tok * stride_at
         for start_n in range(start, end, BLOCK_N):
             cols = start_n + offs_n
             col_ok = cols < end
-            k = tl.load(
-                k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0
-            )
-            qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
             valid = col_ok[None, :]
             if IS_CAUSAL:
                 valid = valid & (cols[None, :] <= q_pos[:, None])
-            qk = tl.where(valid, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet stays at 0
-            p = tl.math.exp2(qk - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0
-            )
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
-            m_i = m_new
+            load_ok = col_ok
+            if HAS_AMASK:  # explicit boolean mask (static caches): K/V of blocks no active row may see are not read
+                valid = valid & active[:, None]
+                valid = valid & (tl.load(am_rows[:, None] + cols[None, :] * stride_as, mask=valid, other=0) != 0)
+                # a predicated load (not a branch) keeps the loop software-pipelined; the hidden block's scores are
+                # -inf and change nothing
+                load_ok = col_ok & (tl.max(tl.max(valid.to(tl.int32), 1), 0) > 0)
+            acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, load_ok,
+                                          valid, offs_d, dmask, qk_scale, INPUT_PRECISION)
         has_keys = l_i > 0
         o_part = acc / tl.where(has_keys, l_i, 1.0)[:, None]
         if DIRECT_OUT:
@@ -129,12 +144,14 @@ def _decode_reduce_kernel(
         split_ok = offs_s < num_splits
         part_row = (bk * num_splits + offs_s).to(tl.int64) * n_rows + row
         lse = tl.load(PART_LSE + part_row, mask=split_ok, other=float("-inf"))
-        weight = tl.math.exp2(lse - tl.max(lse, 0))  # every active row sees key 0, so the max is finite
+        top = tl.max(lse, 0)  # -inf only when an explicit mask hides every key from the row: its output is 0
+        weight = tl.math.exp2(lse - tl.where(top == float("-inf"), 0.0, top))
         parts = tl.load(
             PART_O + part_row[:, None] * HEAD_DIM + offs_d[None, :],
             mask=(split_ok & (weight > 0))[:, None] & dmask[None, :], other=0.0,
         )
-        out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+        total = tl.sum(weight, 0)
+        out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=dmask)
     else:
         tl.store(o_ptrs, tl.zeros([BLOCK_D], dtype=O.dtype.element_ty), mask=dmask)
@@ -223,6 +240,7 @@ def _mask_for_kernel(head_mask: torch.Tensor) -> torch.Tensor:
 def launch_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
     dims: AttentionDims, causal: bool, num_splits: int | None = None, config: dict | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> None:
     """Run split + reduce into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
@@ -238,10 +256,11 @@ def launch_decode(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if interpreting() and q.dtype == torch.bfloat16:  # the interpreter mis-computes bf16: run in fp32
         staging = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        launch_decode(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, num_splits, config)
+        launch_decode(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, num_splits, config, attn_mask)
         out.copy_(staging)
         return
     mask = _mask_for_kernel(head_mask)
+    amask = expand_attn_mask(attn_mask, dims) if attn_mask is not None else None
     batch_kv = dims.batch * dims.num_kv_heads
     if num_splits is None:
         num_splits, chunk = choose_num_splits(batch_kv, dims.kv_len, q.device)
@@ -258,18 +277,19 @@ def launch_decode(
         part_o = torch.empty((batch_kv, num_splits, rows, dims.head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch_kv, num_splits, rows), dtype=torch.float32, device=q.device)
     args = (
-        q, k, v, mask, out, part_o, part_lse,
+        q, k, v, mask, out, part_o, part_lse, amask if amask is not None else mask,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         mask.stride(0), mask.stride(1), mask.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
+        *(amask.stride() if amask is not None else (0, 0, 0, 0)),
         dims.num_kv_heads, dims.q_len, dims.kv_len, chunk, num_splits, dims.heads_per_group,
         dims.scale * _LOG2E,
     )
     meta = {
         "Q_PER_KV": dims.q_per_kv, "HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "BLOCK_R": block_r,
-        "IS_CAUSAL": causal, "DIRECT_OUT": direct,
+        "IS_CAUSAL": causal, "HAS_AMASK": amask is not None, "DIRECT_OUT": direct,
         "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }
     if config is None:
@@ -297,14 +317,15 @@ def group_attention_decode(
     merge_heads: bool = False,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Head-group-masked attention with the split-KV decode kernel (few new tokens, long KV).
 
     Needs ``(Hq // Hkv) * T <= 128``. ``num_splits`` overrides the KV-chunk count heuristic. Returns ``o[B, Hq, T, D]``
     or ``[B, T, Hq * D]`` with ``merge_heads=True``; see :func:`wide_compile.templates.attention.group_attention`.
     """
-    dims = check_attention_inputs(q, k, v, head_mask, causal, scale)
+    dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask)
     result, view = allocate_output(q, dims, merge_heads, out)
     if dims.q_len > 0:
-        launch_decode(q, k, v, head_mask, view, dims, causal, num_splits)
+        launch_decode(q, k, v, head_mask, view, dims, causal, num_splits, attn_mask=attn_mask)
     return result

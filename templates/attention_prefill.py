@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, interpreting
+from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
 from .attention_compact import compact_active_rows
 
 __all__ = ["group_attention_prefill"]
@@ -78,15 +78,48 @@ def _attend_key_range(
 
 
 @triton.jit
+def _attend_masked_keys(
+    acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, kv_len, qk_scale,
+    offs_n, offs_d, dmask, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Online-softmax update over all keys under an explicit boolean mask (``am_rows``: each row's mask pointer).
+
+    A key block that no row of the tile may see is skipped (no K/V read, no MMA): with a causal or padding mask
+    from a static cache this skips the blocks above the diagonal and the cache's unfilled slots. Masked scores are
+    -inf; a row with no visible key so far keeps m = -inf and contributes nothing (its output is 0)."""
+    for start_n in range(0, kv_len, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < kv_len
+        allowed = tl.load(am_rows[:, None] + cols[None, :] * stride_as, mask=row_on[:, None] & col_ok[None, :],
+                          other=0) != 0
+        if tl.max(tl.max(allowed.to(tl.int32), 1), 0) > 0:
+            k = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None],
+                        other=0.0)
+            qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
+            qk = tl.where(allowed, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :],
+                        other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+            m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _prefill_kernel(
-    Q, K, V, O, ORDER, COUNT,
+    Q, K, V, O, ORDER, COUNT, AMASK,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_ot,
+    stride_ab, stride_ah, stride_at, stride_as,
     num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # largest positions first
     bh = tl.program_id(1)
@@ -118,30 +151,52 @@ def _prefill_kernel(
         v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
         offset = kv_len - q_len
         q_pos = rows + offset
-        if IS_CAUSAL:
-            last = tl.minimum(tile_start + BLOCK_M, count) - 1
-            first_pos = tl.load(order_base + tile_start) + offset
-            last_pos = tl.load(order_base + last) + offset
-            lo = ((first_pos + 1) // BLOCK_N) * BLOCK_N  # keys < lo are visible to every active row
-            hi = last_pos + 1
-        else:
-            lo = (kv_len // BLOCK_N) * BLOCK_N
-            hi = kv_len
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        acc, l_i, m_i = _attend_key_range(
-            acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, 0, lo, kv_len, qk_scale,
-            offs_n, offs_d, dmask, False, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION,
-        )
-        acc, l_i, m_i = _attend_key_range(
-            acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, lo, hi, kv_len, qk_scale,
-            offs_n, offs_d, dmask, True, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION,
-        )
-        out = acc / l_i[:, None]
+        if HAS_AMASK:
+            row_on = offs_m < count
+            am_rows = AMASK + b.to(tl.int64) * stride_ab + h * stride_ah + rows.to(tl.int64) * stride_at
+            acc, l_i, m_i = _attend_masked_keys(
+                acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, kv_len, qk_scale,
+                offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION,
+            )
+        else:
+            acc, l_i, m_i = _attend_plain(
+                acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, order_base, tile_start, count, offset,
+                kv_len, qk_scale, offs_n, offs_d, dmask, IS_CAUSAL, EVEN_D, BLOCK_M, BLOCK_N, INPUT_PRECISION,
+            )
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         active = offs_m < count
         out = tl.where(active[:, None], out, 0.0)
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=store_mask)
+
+
+@triton.jit
+def _attend_plain(
+    acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, order_base, tile_start, count, offset, kv_len,
+    qk_scale, offs_n, offs_d, dmask, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Causal or full attention without an explicit mask: keys every row sees unmasked, then the masked band."""
+    if IS_CAUSAL:
+        last = tl.minimum(tile_start + BLOCK_M, count) - 1
+        first_pos = tl.load(order_base + tile_start) + offset
+        last_pos = tl.load(order_base + last) + offset
+        lo = ((first_pos + 1) // BLOCK_N) * BLOCK_N  # keys < lo are visible to every active row
+        hi = last_pos + 1
+    else:
+        lo = (kv_len // BLOCK_N) * BLOCK_N
+        hi = kv_len
+    acc, l_i, m_i = _attend_key_range(
+        acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, 0, lo, kv_len, qk_scale,
+        offs_n, offs_d, dmask, False, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION,
+    )
+    acc, l_i, m_i = _attend_key_range(
+        acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, lo, hi, kv_len, qk_scale,
+        offs_n, offs_d, dmask, True, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION,
+    )
+    return acc, l_i, m_i
 
 
 # Launch config by sequence length; no autotuner (it would tune on whichever shape comes first and cannot run inside
@@ -185,31 +240,35 @@ def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2) -
 
 def launch_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
-    dims: AttentionDims, causal: bool, config: dict | None = None,
+    dims: AttentionDims, causal: bool, config: dict | None = None, attn_mask: torch.Tensor | None = None,
 ) -> None:
     """Run the prefill kernel into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
-    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) overrides :func:`prefill_config`.
+    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) overrides :func:`prefill_config`;
+    ``attn_mask``: the checked boolean mask (see ``attention_checks.expand_attn_mask``).
     """
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if interpreting() and q.dtype == torch.bfloat16:  # the interpreter mis-computes bf16: run in fp32
         staging = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        launch_prefill(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, config)
+        launch_prefill(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, config, attn_mask)
         out.copy_(staging)
         return
     order, count = compact_active_rows(head_mask)
+    amask = expand_attn_mask(attn_mask, dims) if attn_mask is not None else None
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     args = (
-        q, k, v, out, order, count,
+        q, k, v, out, order, count, amask if amask is not None else order,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
+        *(amask.stride() if amask is not None else (0, 0, 0, 0)),
         dims.num_q_heads, dims.num_groups, dims.q_len, dims.kv_len, dims.q_per_kv, dims.heads_per_group,
         dims.scale * _LOG2E,
     )
-    meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "INPUT_PRECISION": precision}
+    meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "HAS_AMASK": amask is not None,
+            "INPUT_PRECISION": precision}
     cfg = config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size())
     grid = (triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads)
     _prefill_kernel[grid](*args, **meta, **cfg)
@@ -224,15 +283,16 @@ def group_attention_prefill(
     scale: float | None = None,
     merge_heads: bool = False,
     out: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Head-group-masked attention with the prefill (flash, row-compacting) kernel for any T.
 
     Returns ``o[B, Hq, T, D]``, or ``[B, T, Hq * D]`` with ``merge_heads=True``. See
     :func:`wide_compile.templates.attention.group_attention` for the semantics.
     """
-    dims = check_attention_inputs(q, k, v, head_mask, causal, scale)
+    dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask)
     result, view = allocate_output(q, dims, merge_heads, out)
     if dims.q_len > 0:
-        launch_prefill(q, k, v, head_mask, view, dims, causal)
+        launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask)
     return result
 

@@ -37,8 +37,12 @@ def group_attention_reference(
     head_mask: torch.Tensor,
     causal: bool = True,
     scale: float | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Masked GQA attention in float32; returns ``[B, Hq, T, D]`` in ``q.dtype`` (zeros where inactive)."""
+    """Masked GQA attention in float32; returns ``[B, Hq, T, D]`` in ``q.dtype`` (zeros where inactive).
+
+    ``attn_mask``: boolean, broadcastable to ``[B, Hq, T, S]``, True = may attend (instead of ``causal``). A query row
+    that may attend to no key gets zeros (as SDPA's math path does)."""
     batch, num_q_heads, q_len, head_dim = q.shape
     num_kv_heads, kv_len = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -48,15 +52,22 @@ def group_attention_reference(
     if causal:
         query_pos = torch.arange(q_len, device=q.device) + (kv_len - q_len)
         allowed = torch.arange(kv_len, device=q.device)[None, :] <= query_pos[:, None]  # [T, S]
+    if attn_mask is not None:
+        full = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        full = full.expand(batch, num_q_heads, q_len, kv_len)
     for b in range(batch):  # one batch row at a time keeps the [Hq, T, S] score matrix small
         kf = k[b].float().repeat_interleave(repeat, dim=0)
         vf = v[b].float().repeat_interleave(repeat, dim=0)
         scores = torch.matmul(q[b].float(), kf.transpose(-1, -2)) * scale  # [Hq, T, S]
         if causal:
             scores = scores.masked_fill(~allowed, float("-inf"))
+        if attn_mask is not None:
+            scores = scores.masked_fill(~full[b], float("-inf"))
         row_max = scores.amax(dim=-1, keepdim=True)
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # no visible key
         weights = torch.exp(scores - row_max)
-        probs = weights / weights.sum(dim=-1, keepdim=True)
+        total = weights.sum(dim=-1, keepdim=True)
+        probs = weights / torch.where(total > 0, total, torch.ones_like(total))
         out[b] = torch.matmul(probs, vf)
     out = torch.where(active[..., None], out, torch.zeros((), dtype=out.dtype, device=out.device))
     return out.to(q.dtype)

@@ -244,3 +244,76 @@ def test_bad_out_and_decode_row_limit_raise():
     q, k, v = make_inputs(1, 64, 1, 3, 8, 16, torch.float32, gen)
     with pytest.raises(ValueError, match="exceeds 128"):
         group_attention_decode(q, k, v, torch.ones(1, 3, 1))
+
+
+# ------------------------------------------------------------------------------------ explicit boolean masks
+def static_cache_mask(batch: int, q_len: int, kv_len: int, start: int) -> torch.Tensor:
+    """What HF builds for a static cache of ``kv_len`` slots with ``start`` filled: query t at position start + t sees
+    keys 0 .. start + t; the unfilled slots after it are hidden. ``[B, 1, T, S]``."""
+    pos = torch.arange(q_len)[:, None] + start
+    return (torch.arange(kv_len)[None, :] <= pos).expand(batch, 1, q_len, kv_len)
+
+
+def attn_mask_of(kind: str, batch: int, hq: int, q_len: int, kv_len: int, gen: torch.Generator) -> torch.Tensor:
+    if kind == "static_cache":  # prefill or decode into a half-empty static cache: whole key blocks are hidden
+        return static_cache_mask(batch, q_len, kv_len, start=max(0, kv_len // 2 - q_len))
+    if kind == "random_per_head":  # [B, Hq, T, S] with every row seeing key 0
+        m = torch.rand(batch, hq, q_len, kv_len, generator=gen) < 0.4
+        m[..., 0] = True
+        return m
+    if kind == "padding_2d":  # [T, S] broadcast; row 0 sees nothing (its output must be 0, as SDPA's math path)
+        m = torch.rand(q_len, kv_len, generator=gen) < 0.6
+        m[0] = False
+        return m
+    raise ValueError(kind)
+
+
+MASKED_CASES = [
+    # batch, Hq, Hkv, G, T, S, D, dtype, head-mask kind, attention-mask kind, decode splits (None: prefill kernel)
+    (2, 4, 2, 2, 37, 130, 32, torch.float32, "random", "static_cache", None),
+    (1, 4, 1, 2, 40, 70, 16, torch.float16, "clustered", "random_per_head", None),
+    (2, 4, 2, 4, 33, 64, 32, torch.float32, "all", "padding_2d", None),
+    (2, 4, 2, 2, 1, 130, 32, torch.float32, "random", "static_cache", 1),
+    (2, 4, 2, 2, 3, 130, 32, torch.float32, "random", "static_cache", 4),  # split-KV: some chunks fully hidden
+    (1, 4, 2, 4, 3, 70, 16, torch.float16, "all", "random_per_head", 3),
+    (2, 4, 4, 2, 2, 64, 32, torch.float32, "random", "padding_2d", 2),
+]
+
+
+@pytest.mark.parametrize("batch,hq,hkv,groups,q_len,kv_len,head_dim,dtype,mask_kind,amask_kind,splits", MASKED_CASES)
+def test_explicit_boolean_mask_matches_reference(batch, hq, hkv, groups, q_len, kv_len, head_dim, dtype, mask_kind,
+                                                 amask_kind, splits):
+    gen = torch.Generator().manual_seed(q_len * 17 + kv_len)
+    q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, dtype, gen)
+    head_mask = make_mask(mask_kind, batch, q_len, groups, gen)
+    amask = attn_mask_of(amask_kind, batch, hq, q_len, kv_len, gen)
+    out = poisoned(batch, hq, q_len, head_dim, dtype)
+    if splits is None:
+        group_attention_prefill(q, k, v, head_mask, causal=False, out=out, attn_mask=amask)
+    else:
+        group_attention_decode(q, k, v, head_mask, causal=False, out=out, num_splits=splits, attn_mask=amask)
+    ref = group_attention_reference(q, k, v, head_mask, causal=False, attn_mask=amask)
+    assert_matches(out, ref, head_mask, dtype)
+
+
+def test_reference_with_a_mask_matches_sdpa():
+    """The reference's explicit-mask semantics are SDPA's (boolean mask, True = attend), GQA expanded by hand."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = make_inputs(2, 4, 2, 5, 12, 16, torch.float32, gen)
+    amask = static_cache_mask(2, 5, 12, start=4)
+    ref = group_attention_reference(q, k, v, torch.ones(2, 5, 2), causal=False, attn_mask=amask)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=amask)
+    torch.testing.assert_close(ref, sdpa, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("amask, causal, error, match", [
+    (lambda: torch.ones(1, 1, 3, 8), False, TypeError, "attn_mask must be boolean"),
+    (lambda: torch.ones(1, 1, 3, 8, dtype=torch.bool), True, ValueError, "either causal=True or an attn_mask"),
+    (lambda: torch.ones(1, 3, 3, 8, dtype=torch.bool), False, ValueError, "does not broadcast"),
+    (lambda: torch.ones(8, dtype=torch.bool), False, ValueError, "does not broadcast"),
+])
+def test_bad_attention_masks_raise_clear_errors(amask, causal, error, match):
+    q, k, v, m = _good_inputs()
+    with pytest.raises(error, match=match):
+        group_attention(q, k, v, m, causal=causal, attn_mask=amask())

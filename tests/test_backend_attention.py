@@ -238,6 +238,37 @@ def test_group_attention_gradcheck(is_causal, t, s, kv_heads):
     assert torch.autograd.gradcheck(lambda *a: torch.ops.wide.group_attention(*a, is_causal, 0.3), args)
 
 
+def _static_cache_mask(batch: int, t: int, s: int, start: int) -> torch.Tensor:
+    """HF's static-cache mask: query i at position start + i sees keys 0 .. start + i (the later slots are empty)."""
+    return (torch.arange(s)[None, :] <= torch.arange(t)[:, None] + start).expand(batch, 1, t, s)
+
+
+def _masked_sdpa_explicit(q, k, v, m, attn_mask):
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=k.shape[1] != q.shape[1])
+    heads, dim = q.shape[1], q.shape[-1]
+    return group_mask(o.transpose(1, 2).flatten(2), m, heads * dim // m.shape[-1]).unflatten(2, (heads, dim)
+                                                                                            ).transpose(1, 2)
+
+
+@pytest.mark.parametrize("t, s, kv_heads, start", [(3, 9, 2, 2), (1, 7, 1, 4), (4, 4, 2, 0)])
+def test_group_attention_with_a_boolean_mask_matches_composition_with_gradients(t, s, kv_heads, start):
+    """A static cache's boolean mask (decode and prefill into a partly filled cache): forward and gradients equal
+    SDPA with that mask followed by group_mask; opcheck; a row with no visible key gives 0 like SDPA."""
+    q, k, v, m = _attention_tensors(t, s, kv_heads)
+    amask = _static_cache_mask(2, t, s, start)
+    actual = torch.ops.wide.group_attention(q, k, v, m, False, None, amask)
+    expected = _masked_sdpa_explicit(q, k, v, m, amask)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    grad = torch.randn_like(expected)
+    for a, e in zip(torch.autograd.grad(actual, (q, k, v, m), grad), torch.autograd.grad(expected, (q, k, v, m), grad)):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    torch.library.opcheck(torch.ops.wide.group_attention.default, (q, k, v, m, False, 0.3, amask))
+    hidden = amask.clone()
+    hidden[..., 0, :] = False  # the first query sees nothing
+    out = torch.ops.wide.group_attention(q, k, v, torch.ones_like(m), False, None, hidden)
+    assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0]))
+
+
 def test_group_attention_rejects_bad_input():
     q, k, v, m = _attention_tensors(3, 6, 2, requires_grad=False)
     ga = torch.ops.wide.group_attention
@@ -253,17 +284,24 @@ def test_group_attention_rejects_bad_input():
         ga(q, k, v[:, :, :5], m, False, None)
     with pytest.raises(ValueError, match="q must be 4-D"):
         ga(q[0], k, v, m, False, None)
+    with pytest.raises(TypeError, match="attn_mask must be boolean"):
+        ga(q, k, v, m, False, None, torch.zeros(2, 1, 3, 6))
+    with pytest.raises(ValueError, match="either is_causal=True or an attn_mask"):
+        ga(q, k, v, m, True, None, torch.ones(2, 1, 3, 6, dtype=torch.bool))
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                     reason="needs CUDA or the Triton interpreter")
-@pytest.mark.parametrize("is_causal, t, s", [(False, 1, 40), (True, 20, 20)])  # decode kernel / prefill kernel
-def test_group_attention_template_path_matches(is_causal, t, s):
+@pytest.mark.parametrize("is_causal, t, s, explicit", [(False, 1, 40, False), (True, 20, 20, False),
+                                                       (False, 1, 40, True), (False, 20, 40, True)])
+def test_group_attention_template_path_matches(is_causal, t, s, explicit):
+    """The template path (decode kernel for 1 token, prefill kernel for 20), with a static cache's boolean mask too."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v, m = (x.to(dev) for x in _attention_tensors(t, s, 2, requires_grad=False))
     q, k, v = (x.repeat(1, 1, 1, 4) for x in (q, k, v))  # head_dim 32
-    out = group_attention_op.group_attention_kernel(q, k, v, m, is_causal, None)
-    expected = _masked_sdpa(q, k, v, m, is_causal)
+    amask = _static_cache_mask(2, t, s, start=s // 2 - t).to(dev) if explicit else None
+    out = group_attention_op.group_attention_kernel(q, k, v, m, is_causal, None, amask)
+    expected = _masked_sdpa_explicit(q, k, v, m, amask) if explicit else _masked_sdpa(q, k, v, m, is_causal)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     assert torch.equal(out[expected == 0], torch.zeros_like(out[expected == 0]))
 

@@ -275,7 +275,8 @@ def test_inference_graph_lowers_every_router(dtype):
 @pytest.mark.parametrize("batch, tokens, fused", [(1, 1, False), (2, 7, True), (8, 8, True), (5, 13, False)])
 def test_router_fusion_follows_the_measured_token_range(batch, tokens, fused):
     """Static shapes: routers are fused for 2-64 tokens (faster there on the H200), kept unfused at 1 token and above
-    64 with the reason; ``wide.fuse_routers=False`` keeps them all; the option must be a bool."""
+    64 (silently: the unfused ops are the faster path there); ``wide.fuse_routers=False`` keeps them all; the option
+    must be a bool."""
     model = tiny_wide_llama()
     ids = torch.randint(3, 120, (batch, tokens))
     for option in (True, False):
@@ -288,9 +289,8 @@ def test_router_fusion_follows_the_measured_token_range(batch, tokens, fused):
         assert torch.equal(actual, expected)
         (graph,) = wide_compile.compile_report(model).graphs
         assert graph.lowered.get("router_mask", 0) == (4 if fused and option else 0)
-        kept = [why for why in graph.generic if "router decision kept" in why]
-        assert len(kept) == (4 if option and not fused else 0)
-        assert all(f"{batch * tokens} tokens: the fused kernel is faster only for 2-64" in why for why in kept)
+        assert not [why for why in graph.generic if "router decision kept" in why]  # a speed choice, not a fallback
+        assert wide_op_names(graph.graph_module.graph).get("router_logits", 0) == (0 if fused and option else 4)
     with pytest.raises(ValueError, match="'wide.fuse_routers' must be a bool"):
         wide_compile.backend.parse_settings(None, {"wide.fuse_routers": 1})
 

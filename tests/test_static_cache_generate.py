@@ -144,6 +144,8 @@ def test_whole_model_compiled_static_cache_generate_matches_eager_with_one_decod
     # the remaining decode steps replay it: 2 graphs, 1 recompile, however many tokens are generated
     assert len(report.graphs) == 2 and report.recompiles == 1, str(report)
     assert all(lowered_every_layer(g) for g in report.graphs), str(report)
+    # the static cache gives SDPA a boolean mask: the cores run wide::group_attention with it (prefill and decode)
+    assert all(g.lowered.get("group_attention") == LAYERS for g in report.graphs), str(report)
     assert sum(report.graph_breaks.values()) == 0
 
     greedy(compiled, torch.randint(3, 120, (2, PROMPT)))  # new prompt, new cache object: nothing recompiles

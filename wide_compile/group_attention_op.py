@@ -1,7 +1,7 @@
 """The lowered attention core ``wide::group_attention`` (put in place of SDPA by the ``wide`` backend).
 
-``wide::group_attention(q, k, v, mask, is_causal, scale=None) -> o[B, H, T, D]``
-    ``o = scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)`` (GQA when ``k``/``v`` have fewer
+``wide::group_attention(q, k, v, mask, is_causal, scale=None, attn_mask=None) -> o[B, H, T, D]``
+    ``o = scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale)`` (GQA when ``k``/``v`` have fewer
     heads) times 0 for the query heads of each token's inactive groups (``mask[B, T, G]``, group ``g`` = heads
     ``[g*H/G, (g+1)*H/G)``). On CUDA the head-group attention templates run when they compute exactly that (bf16 /
     fp16 / fp32, head_dim <= 256, and ``T == S`` when causal: SDPA aligns a causal mask top-left, the templates
@@ -20,8 +20,16 @@ from torch import Tensor
 from .kernel_ops import _kernel_ok
 
 
-def _check_group_attention_args(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> None:
+def _check_group_attention_args(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool = False,
+                                attn_mask: Tensor | None = None) -> None:
     op = "group_attention"
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool:
+            raise TypeError(f"{op}: attn_mask must be boolean (True = may attend), got {attn_mask.dtype}")
+        if is_causal:
+            raise ValueError(f"{op}: give either is_causal=True or an attn_mask, not both")
+        if not 2 <= attn_mask.dim() <= 4:
+            raise ValueError(f"{op}: attn_mask must broadcast to [B, H, T, S], got shape {tuple(attn_mask.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{op}: {name} must be 4-D [batch, heads, length, head_dim], got {tuple(t.shape)}")
@@ -47,56 +55,60 @@ def head_mask(mask: Tensor, heads: int) -> Tensor:
     return mask.transpose(1, 2).repeat_interleave(heads // mask.shape[2], dim=1).unsqueeze(-1)
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float | None) -> Tensor:
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float | None, attn_mask: Tensor | None = None
+          ) -> Tensor:
     if k.shape[1] != q.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
 
 
 @torch.library.custom_op("wide::group_attention", mutates_args=())
-def group_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None = None
-                    ) -> Tensor:
-    """``scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)`` (GQA when k/v have fewer heads)
-    with the query heads of each token's inactive groups multiplied by 0 (see module docstring)."""
-    _check_group_attention_args(q, k, v, mask)
-    return _masked_sdpa(q, k, v, mask, is_causal, scale)
+def group_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None = None,
+                    attn_mask: Tensor | None = None) -> Tensor:
+    """``scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale)`` (GQA when k/v have
+    fewer heads; ``attn_mask`` boolean, True = may attend) with the query heads of each token's inactive groups
+    multiplied by 0 (see module docstring)."""
+    _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
+    return _masked_sdpa(q, k, v, mask, is_causal, scale, attn_mask)
 
 
-def _masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None) -> Tensor:
+def _masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None,
+                 attn_mask: Tensor | None = None) -> Tensor:
     """The op's math, contiguous (every implementation returns the fake's contiguous layout: Inductor checks the
     strides of custom-op outputs against the fake, and SDPA / ``q`` may come in other layouts)."""
-    out = _sdpa(q, k, v, is_causal, scale)
+    out = _sdpa(q, k, v, is_causal, scale, attn_mask)
     return (out * head_mask(mask, q.shape[1]).to(out.dtype)).contiguous()
 
 
 @group_attention.register_fake
-def _(q, k, v, mask, is_causal, scale=None):
-    _check_group_attention_args(q, k, v, mask)
+def _(q, k, v, mask, is_causal, scale=None, attn_mask=None):
+    _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
     return q.new_empty(q.shape)  # contiguous, whatever the layout of q
 
 
 @group_attention.register_kernel("cuda")
-def group_attention_kernel(q, k, v, mask, is_causal, scale=None):
+def group_attention_kernel(q, k, v, mask, is_causal, scale=None, attn_mask=None):
     """The template path (skips the K/V reads and FLOPs of inactive (token, group) pairs). The templates align a
     causal mask bottom-right and SDPA top-left; they agree when ``T == S``, otherwise the PyTorch path runs."""
-    _check_group_attention_args(q, k, v, mask)
+    _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
     q_len, kv_len = q.shape[2], k.shape[2]
     if not _kernel_ok(q, k, v) or (is_causal and q_len != kv_len) or q.shape[-1] > 256 or kv_len == 0:
-        return _masked_sdpa(q, k, v, mask, is_causal, scale)
+        return _masked_sdpa(q, k, v, mask, is_causal, scale, attn_mask)
     from wide_compile.templates import group_attention as template
 
-    return template(q, k, v, mask, causal=is_causal, scale=scale).contiguous()
+    return template(q, k, v, mask, causal=is_causal, scale=scale, attn_mask=attn_mask).contiguous()
 
 
 def _ga_setup(ctx, inputs, output):
-    q, k, v, mask, is_causal, scale = inputs
-    ctx.save_for_backward(q, k, v, mask)
-    ctx.is_causal, ctx.scale = is_causal, scale
+    q, k, v, mask, is_causal, scale, attn_mask = inputs
+    ctx.save_for_backward(q, k, v, mask, attn_mask if attn_mask is not None else mask.new_empty(0))
+    ctx.is_causal, ctx.scale, ctx.has_attn_mask = is_causal, scale, attn_mask is not None
 
 
 def _ga_backward(ctx, grad):
     """Attention backward in fp32 from recomputed probabilities (the forward output has the skipped heads zeroed)."""
-    q, k, v, mask = ctx.saved_tensors
+    q, k, v, mask, attn_mask = ctx.saved_tensors
     heads, kv_heads, groups = q.shape[1], k.shape[1], mask.shape[2]
     rep = heads // kv_heads
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32 math (fp64 stays fp64)
@@ -107,7 +119,9 @@ def _ga_backward(ctx, grad):
     if ctx.is_causal:
         allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if ctx.has_attn_mask:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    probs = torch.nan_to_num(torch.softmax(scores, dim=-1))  # rows that see no key: 0, as SDPA
     out = torch.matmul(probs, vf)
     g = grad.to(acc) * head_mask(mask, heads).to(acc)
     grad_probs = torch.matmul(g, vf.transpose(-1, -2))
@@ -124,7 +138,7 @@ def _ga_backward(ctx, grad):
     if need_mask:  # straight-through: the dense output of every head, skipped ones included
         per_head = (grad.to(acc) * out).sum(-1)  # [B, H, T]
         gmask = per_head.unflatten(1, (groups, heads // groups)).sum(2).transpose(1, 2).to(mask.dtype)
-    return gq, gk, gv, gmask, None, None
+    return gq, gk, gv, gmask, None, None, None
 
 
 group_attention.register_autograd(_ga_backward, setup_context=_ga_setup)
