@@ -15,6 +15,11 @@ sum of their positions) at the cost of a wider causal band: a tile of compacted 
 ``BLOCK_M / density`` positions, and only keys below the tile's first position skip the causal mask.
 
 Tiles are launched in reverse order (largest positions first) so the long causal rows do not form the tail.
+
+With an explicit boolean ``attn_mask`` (a static KV cache's causal + unfilled-slot mask, padding) instead of
+``causal``, a tile walks all key blocks, reads the mask tile of its rows and skips (no K/V read, no MMA) blocks that
+no row may see. The branch keeps Triton from software-pipelining that loop (sm_90 compile report:
+``benchmarks/attention_aot_report.py``); its speed on the H200 has not been measured yet.
 """
 
 from __future__ import annotations

@@ -124,3 +124,21 @@ def test_float32_inputs(q_len):
     ref = group_attention_reference(q, k, v, mask)
     assert not torch.isnan(out).any()
     assert ((out - ref).norm() / ref.norm()).item() < 1e-4
+
+
+def _static_cache_mask(batch, q_len, slots, start):
+    """HF's static-cache mask: query t at position start + t sees keys 0 .. start + t of ``slots``."""
+    pos = torch.arange(q_len, device="cuda")[:, None] + start
+    return (torch.arange(slots, device="cuda")[None, :] <= pos).expand(batch, 1, q_len, slots)
+
+
+@pytest.mark.parametrize("batch, q_len, slots, start", [(1, 1, 2048, 1100), (8, 1, 2048, 1024), (4, 3, 4096, 3000),
+                                                        (1, 1000, 1088, 0), (1, 4096, 4160, 0)])
+@pytest.mark.parametrize("mask_kind", ["random", "all"])
+def test_static_cache_boolean_mask(batch, q_len, slots, start, mask_kind):
+    """Decode and prefill into a static KV cache, as the wide backend runs them (SDPA's boolean mask passed on)."""
+    q, k, v, mask = _inputs(batch, q_len, slots, torch.bfloat16, mask_kind, seed=q_len + start)
+    amask = _static_cache_mask(batch, q_len, slots, start)
+    out = torch.full_like(q, float("nan"))
+    group_attention(q, k, v, mask, causal=False, out=out, attn_mask=amask)
+    _check(out, group_attention_reference(q, k, v, mask, causal=False, attn_mask=amask), mask, torch.bfloat16)
