@@ -40,7 +40,9 @@ import wide_compile.router_mask_op  # noqa: F401  (registers wide::router_mask)
 
 from .attention_lowering import lower_attention_queries
 from .router_lowering import lower_router_decisions
-from .torch_patterns import activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank
+from .torch_patterns import (
+    activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank, wide_op_name,
+)
 
 
 @dataclass
@@ -156,15 +158,37 @@ def lower_gated_mlps(graph: fx.Graph, result: LoweringResult, skip: set[fx.Node]
                 result.generic.append(why)
 
 
+ZERO_PRESERVING_VIEWS = {"view", "reshape", "_unsafe_view", "flatten", "transpose", "permute", "contiguous"}
+
+
+def comes_masked_from_group_attention(x: fx.Node, mask: fx.Node) -> bool:
+    """Whether ``x`` is a ``wide::group_attention`` output with ``mask`` seen through views only (transpose, reshape,
+    ...): that op writes exact zeros for the heads of inactive groups, so ``x`` is already masked (the dataflow analysis
+    that lowered the core proved heads line up with ``mask``'s groups)."""
+    node = x
+    for _ in range(8):
+        if not isinstance(node, fx.Node):
+            return False
+        if wide_op_name(node) == "group_attention":
+            return arg(node, 3, "mask") is mask
+        target = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        if node.op not in ("call_method", "call_function") or target not in ZERO_PRESERVING_VIEWS:
+            return False
+        node = node.args[0] if node.args else None
+    return False
+
+
 def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.Node]) -> None:
-    """Pattern 2 (see module docstring), for the ``group_mask`` nodes pattern 1 left; ``skip`` as above."""
+    """Pattern 2 (see module docstring), for the ``group_mask`` nodes pattern 1 left; ``skip`` as above. An input that
+    comes from a lowered attention core with the same mask is passed as already masked (no masking pass)."""
     for mask_node in [n for n in graph.nodes if is_group_mask(n)]:
         x, mask, group_size = arg(mask_node, 0, "x"), arg(mask_node, 1, "mask"), arg(mask_node, 2, "group_size")
         if not isinstance(group_size, int):
             result.generic.append(f"{mask_node.name}: group size is not a constant int")
             continue
+        pre_masked = comes_masked_from_group_attention(x, mask)
         for linear in [u for u in _linear_users(mask_node) if u not in skip]:
-            why = _lower_linear_user(graph, linear, x, mask, group_size, x_is_masked=False)
+            why = _lower_linear_user(graph, linear, x, mask, group_size, x_is_masked=pre_masked)
             if why is None:
                 result.count("masked_input_linear")
             else:

@@ -439,6 +439,21 @@ def test_analysis_accepts_head_and_token_local_query_paths(variant, lowered, cor
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("variant, pre_masked", [("sdpa", True), ("eager", False)])
+def test_output_projection_reads_a_lowered_core_as_already_masked(variant, pre_masked):
+    """With the core lowered (zeros for inactive heads), o_proj's masked_input_linear skips its own masking pass
+    (``x_is_masked=True``); an eager core (not lowered) keeps it; the results are unchanged either way."""
+    gm, example = capture(_attention(variant), *_attention_inputs())
+    with torch.no_grad():
+        before = gm(*example)
+        lower_wide_patterns(gm)
+        after = gm(*example)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    (o_proj,) = [n for n in gm.graph.nodes if n.op == "call_function"
+                 and n.target == torch.ops.wide.masked_input_linear.default]
+    assert o_proj.args[5] is pre_masked
+
+
 @pytest.mark.parametrize("variant, group_size, reason", [
     ("cross_head", 32, "reduces over a head/token axis (dim [1])"),
     ("cross_token", 32, "reduces over a head/token axis (dim [2])"),
