@@ -15,11 +15,14 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
    (``attention_lowering`` / ``group_locality``); fused q/k/v projections, q-norms over all heads, masks that need a
    gradient (router training: the straight-through gradient needs the dense attention of skipped heads) stay dense.
 4. Attention core, for an attention whose query was lowered in 3:
-   ``scaled_dot_product_attention(q, k, v, is_causal=c, scale=s)`` with no ``attn_mask``, no dropout and (when
-   causal) as many queries as keys -> ``wide::group_attention(q, k, v, m, c, s)`` (zeros for the heads of inactive
-   groups, which ``gm`` zeroes anyway; the templates skip their K/V reads and FLOPs). HF passes SDPA no mask in
-   ``generate()`` without padding and in training forwards; explicit masks (padding, static caches) and eager
-   ``softmax(QK^T)V`` keep the core as it is (``attention_core_lowering``).
+   ``scaled_dot_product_attention(q, k, v, attn_mask=a, is_causal=c, scale=s)`` with no mask or a boolean one
+   (padding, static KV caches), no dropout and (when causal) as many queries as keys
+   -> ``wide::group_attention(q, k, v, m, c, s, a)`` (zeros for the heads of inactive groups, which ``gm`` zeroes
+   anyway; the templates skip their K/V reads and FLOPs, and key blocks the mask hides). Additive float masks and
+   eager ``softmax(QK^T)V`` keep the core as it is (``attention_core_lowering``). The output projection after a
+   lowered core gets ``x_is_masked=True`` (its input already has those zeros).
+5. Router decisions at inference (no noise, no gradient), for 2-64 tokens: ``threshold_gate(router_logits(...))``
+   -> ``wide::router_mask`` (``router_lowering``; the ``wide.fuse_routers`` backend option).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
