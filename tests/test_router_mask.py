@@ -15,12 +15,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import sys
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from _interpreter import ensure_interpreted_triton  # noqa: E402
 
 import wide_compile  # noqa: E402
 import wide_compile.router_mask_op  # noqa: E402, F401  (registers wide::router_mask)
@@ -69,19 +69,6 @@ def assert_decisions_match(mask: torch.Tensor, x, w_in, b_in, w_out, b_out, max_
 
 
 # ----------------------------------------------------------------------------------------------- template (interpreter)
-def _ensure_interpreted_triton() -> None:
-    """Triton's own @jit helpers are interpreted only if triton was imported with TRITON_INTERPRET=1."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if isinstance(tl.max, InterpretedFunction):
-        return
-    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
-        if not name.startswith("triton._C"):
-            del sys.modules[name]
-    importlib.import_module("triton.language")
-
-
 @pytest.fixture(scope="module")
 def rm():
     """``wide_compile.templates.router_mask`` with its kernel defined under the interpreter (env restored after)."""
@@ -91,7 +78,7 @@ def rm():
         pytest.skip("interpreter tests; the GPU tests below run the compiled kernel")
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    _ensure_interpreted_triton()
+    ensure_interpreted_triton()
     module = importlib.reload(importlib.import_module("wide_compile.templates.router_mask"))
     yield module
     if old is None:

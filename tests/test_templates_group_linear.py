@@ -9,10 +9,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import sys
 
 import pytest
 import torch
+from _interpreter import ensure_interpreted_triton
 
 _KERNEL_MODULES = (
     "wide_compile.templates._triton_utils",
@@ -30,20 +30,6 @@ pytestmark = [
 ]
 
 
-def _ensure_interpreted_triton() -> None:
-    """Triton's own @jit helpers (tl.max, tl.sum, ...) are interpreted only if triton was imported with
-    TRITON_INTERPRET=1; if another test imported it before, re-import its Python modules."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if isinstance(tl.max, InterpretedFunction):
-        return
-    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
-        if not name.startswith("triton._C"):
-            del sys.modules[name]
-    importlib.import_module("triton.language")
-
-
 def _reload_kernels() -> dict:
     mods = {}
     for name in _KERNEL_MODULES:
@@ -57,7 +43,7 @@ def k():
     """Kernel modules defined under the interpreter; env and modules restored afterwards."""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    _ensure_interpreted_triton()
+    ensure_interpreted_triton()
     mods = _reload_kernels()
     from wide_compile.templates import group_linear_reference as ref
 
@@ -242,7 +228,7 @@ def test_plan_is_completed_when_tables_are_missing(k):
 
 def test_auto_prefill_input_path_choice(k, monkeypatch):
     """"auto" picks the skipping GEMM only for many tokens, pre-masked input and sparse token tiles."""
-    lin, gp, ref = k["group_linear"], k["group_plan"], k["ref"]
+    lin, ref = k["group_linear"], k["ref"]
     monkeypatch.setattr(lin, "GEMM_MIN_TOKENS", 64)
     gen = torch.Generator().manual_seed(5)
     m, gs, g = 96, 32, 4
