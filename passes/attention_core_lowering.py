@@ -72,6 +72,51 @@ def _why_not(core: fx.Node, terminal: Terminal, flows: dict, skip: set[fx.Node])
     return None
 
 
+def _call_name(node) -> str:
+    if not isinstance(node, fx.Node) or node.op not in ("call_method", "call_function"):
+        return ""
+    return node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+
+
+def _single_head_axis_insert(node: fx.Node) -> fx.Node | None:
+    """``src`` when ``node`` is ``src[:, :, None]`` (getitem with a None at axis 2 and full slices) or
+    ``src.unsqueeze(2)``."""
+    name = _call_name(node)
+    if name == "unsqueeze" and len(node.args) > 1 and node.args[1] == 2:
+        return node.args[0]
+    if name == "getitem" and len(node.args) == 2 and isinstance(node.args[1], tuple):
+        index = node.args[1]
+        full = [i for i in index if i is not Ellipsis]
+        if len(full) >= 3 and full[2] is None and all(i == slice(None) for i in full[:2] + full[3:]):
+            return node.args[0]
+    return None
+
+
+def kv_before_head_repeat(node: fx.Node) -> fx.Node | None:
+    """The ``[B, Hkv, S, D]`` source of a K/V tensor that was repeated to ``[B, Hkv * r, S, D]`` by
+    ``src[:, :, None].expand(B, Hkv, r, S, D).reshape(B, Hkv * r, S, D)`` (HF's ``repeat_kv``, used with an explicit
+    SDPA mask), else None. Output head ``h`` of that chain is source head ``h // r``: GQA's grouping, which
+    ``wide::group_attention`` applies itself, so the repeated copy never has to be made."""
+    while _call_name(node) == "contiguous":
+        node = node.args[0]
+    if _call_name(node) not in ("reshape", "view", "_unsafe_view"):
+        return None
+    expand = node.args[0]
+    if _call_name(expand) != "expand":
+        return None
+    src = _single_head_axis_insert(expand.args[0])
+    out, mid, val = example_value(node), example_value(expand), example_value(src) if src is not None else None
+    if out is None or mid is None or val is None or out.dim() != 4 or mid.dim() != 5 or val.dim() != 4:
+        return None
+    b, hkv, s, d = val.shape
+    rep = mid.shape[2]
+    expected_mid, expected_out = (b, hkv, rep, s, d), (b, hkv * rep, s, d)
+    if not all(same_size(x, y) for x, y in zip(mid.shape, expected_mid)) or \
+            not all(same_size(x, y) for x, y in zip(out.shape, expected_out)):
+        return None
+    return src
+
+
 def lower_attention_core(graph: fx.Graph, core: fx.Node, terminal: Terminal, flows: dict,
                          skip: set[fx.Node]) -> str | None:
     """Replace ``core`` by ``wide::group_attention`` with ``terminal``'s mask; returns why not, or None when done.
@@ -82,10 +127,14 @@ def lower_attention_core(graph: fx.Graph, core: fx.Node, terminal: Terminal, flo
     if why is not None:
         return why
     a = _sdpa_args(core)
+    key, value = a["key"], a["value"]
+    k_src, v_src = kv_before_head_repeat(key), kv_before_head_repeat(value)
+    if k_src is not None and v_src is not None and \
+            tuple(example_value(k_src).shape) == tuple(example_value(v_src).shape):
+        key, value = k_src, v_src  # GQA in the kernel: no repeated K/V copy (it would be read in full every step)
     with graph.inserting_before(core):
         new = graph.call_function(torch.ops.wide.group_attention.default,
-                                  (a["query"], a["key"], a["value"], terminal.mask, a["is_causal"], a["scale"],
-                                   a["attn_mask"]))
+                                  (a["query"], key, value, terminal.mask, a["is_causal"], a["scale"], a["attn_mask"]))
     new.meta = dict(core.meta)
     core.replace_all_uses_with(new)
     graph.erase_node(core)

@@ -28,7 +28,7 @@ import transformers  # noqa: E402
 import wide_compile  # noqa: E402
 from wide_compile import group_attention_op, kernel_ops  # noqa: E402
 from wide_compile.passes.lowering import lower_wide_patterns  # noqa: E402
-from wide_compile.passes.torch_patterns import wide_op_names  # noqa: E402
+from wide_compile.passes.torch_patterns import example_value, wide_op_names  # noqa: E402
 from wide_compile.testing.tiny_models import tiny_model  # noqa: E402
 from test_backend import Capture  # noqa: E402
 
@@ -401,6 +401,16 @@ def _attention(variant: str, group_size: int = 32, skip_query_groups: bool = Fal
             causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
             probs = F.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1, dtype=torch.float32)
             attn = torch.matmul(probs, v)
+        elif variant in ("repeat_kv_mask", "repeat_interleave_mask"):  # GQA under an explicit boolean mask
+            kv = HEADS // 2
+            k, v = (F.linear(x, w[: kv * HEAD_DIM]).view(bsz, t, kv, HEAD_DIM).transpose(1, 2) for w in (wk, wv))
+            if variant == "repeat_kv_mask":  # transformers' repeat_kv
+                k, v = (z[:, :, None, :, :].expand(bsz, kv, 2, t, HEAD_DIM).reshape(bsz, HEADS, t, HEAD_DIM)
+                        for z in (k, v))
+            else:
+                k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+            allowed = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         else:
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         mask = m if variant != "late_mask" else (m.flip(-1) > 0.5).to(x.dtype)  # computed after the projection
@@ -437,6 +447,21 @@ def test_analysis_accepts_head_and_token_local_query_paths(variant, lowered, cor
     assert result.lowered.get("group_attention", 0) == cores, result.generic
     assert not [why for why in result.generic if "query projection" in why]
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant, kv_heads", [("repeat_kv_mask", HEADS // 2), ("repeat_interleave_mask", HEADS)])
+def test_core_with_a_boolean_mask_reads_kv_before_the_head_repeat(variant, kv_heads):
+    """A boolean-masked SDPA core is lowered; K/V repeated by expand + reshape (repeat_kv) reach the op un-repeated
+    (it does GQA itself), another repeat (repeat_interleave) is left as it is; results unchanged."""
+    gm, example = capture(_attention(variant), *_attention_inputs())
+    with torch.no_grad():
+        before = gm(*example)
+        result = lower_wide_patterns(gm)
+        after = gm(*example)
+    torch.testing.assert_close(after, before, rtol=1e-6, atol=1e-6)
+    assert result.lowered.get("group_attention") == 1, result.generic
+    (core,) = [n for n in gm.graph.nodes if n.target == torch.ops.wide.group_attention.default]
+    assert example_value(core.args[1]).shape[1] == example_value(core.args[2]).shape[1] == kv_heads
 
 
 @pytest.mark.parametrize("variant, pre_masked", [("sdpa", True), ("eager", False)])

@@ -27,6 +27,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from transformers import CompileConfig, LlamaForCausalLM, StaticCache
 
 import wide_compile
+from wide_compile.passes.torch_patterns import example_value
 from wide_compile.testing.tiny_models import tiny_config
 
 AOT_EAGER = {"wide.inner": "aot_eager"}
@@ -144,8 +145,12 @@ def test_whole_model_compiled_static_cache_generate_matches_eager_with_one_decod
     # the remaining decode steps replay it: 2 graphs, 1 recompile, however many tokens are generated
     assert len(report.graphs) == 2 and report.recompiles == 1, str(report)
     assert all(lowered_every_layer(g) for g in report.graphs), str(report)
-    # the static cache gives SDPA a boolean mask: the cores run wide::group_attention with it (prefill and decode)
+    # the static cache gives SDPA a boolean mask: the cores run wide::group_attention with it (prefill and decode),
+    # on the cache's 2 KV heads (transformers' repeat_kv copy to the 4 query heads is bypassed)
     assert all(g.lowered.get("group_attention") == LAYERS for g in report.graphs), str(report)
+    for g in report.graphs:
+        cores = [n for n in g.graph_module.graph.nodes if n.target == torch.ops.wide.group_attention.default]
+        assert len(cores) == LAYERS and all(example_value(n.args[1]).shape[1] == 2 for n in cores)
     assert sum(report.graph_breaks.values()) == 0
 
     greedy(compiled, torch.randint(3, 120, (2, PROMPT)))  # new prompt, new cache object: nothing recompiles
