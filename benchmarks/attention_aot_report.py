@@ -52,7 +52,8 @@ def _ptxas_report(ptx: str) -> str:
 
 def main() -> None:
     bf = "*bf16"
-    prefill_ptrs = {"Q": bf, "K": bf, "V": bf, "O": bf, "ORDER": "*i32", "COUNT": "*i32", "AMASK": "*u8"}
+    prefill_ptrs = {"Q": bf, "K": bf, "V": bf, "O": bf, "ORDER": "*i32", "COUNT": "*i32", "AMASK": "*u8",
+                    "EXT": "*i32"}
     prefill = [(m, n, w, s, True, False) for m, n, w, s in
                [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]]
     prefill += [(64, 64, 4, 3, False, True), (128, 64, 8, 3, False, True)]  # explicit boolean mask (static caches)

@@ -140,6 +140,12 @@ def expand_attn_mask(attn_mask: torch.Tensor, dims: AttentionDims) -> torch.Tens
     return mask.view(torch.uint8)
 
 
+def expand_attn_mask_extents(extents: torch.Tensor, dims: AttentionDims) -> torch.Tensor:
+    """Row extents ``[Bm, Hm, Tm, 2]`` of the mask (un-broadcast over batch, heads and queries) as a ``[B, Hq, T, 2]``
+    view (stride 0 where the mask broadcasts)."""
+    return extents.expand(dims.batch, dims.num_q_heads, dims.q_len, 2)
+
+
 def allocate_output(
     q: torch.Tensor, dims: AttentionDims, merge_heads: bool, out: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

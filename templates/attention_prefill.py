@@ -17,9 +17,10 @@ sum of their positions) at the cost of a wider causal band: a tile of compacted 
 Tiles are launched in reverse order (largest positions first) so the long causal rows do not form the tail.
 
 With an explicit boolean ``attn_mask`` (a static KV cache's causal + unfilled-slot mask, padding) instead of
-``causal``, a tile walks all key blocks, reads the mask tile of its rows and skips (no K/V read, no MMA) blocks that
-no row may see. The branch keeps Triton from software-pipelining that loop (sm_90 compile report:
-``benchmarks/attention_aot_report.py``); its speed on the H200 has not been measured yet.
+``causal``, one small launch first finds each mask row's first and last visible key
+(:mod:`wide_compile.templates.attention_mask_extents`); a tile then loops only over the key blocks between its rows'
+extents, applying the mask tile as -inf with no branch (the loop stays software-pipelined). For a static cache
+that is the causal band: the unfilled slots are never read. Not yet timed on the H200.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
+from .attention_checks import (
+    AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, expand_attn_mask_extents, interpreting,
+)
 from .attention_compact import compact_active_rows
+from .attention_mask_extents import mask_extents
 
 __all__ = ["group_attention_prefill"]
 
@@ -84,44 +88,47 @@ def _attend_key_range(
 
 @triton.jit
 def _attend_masked_keys(
-    acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, kv_len, qk_scale,
+    acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, lo, hi, kv_len, qk_scale,
     offs_n, offs_d, dmask, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """Online-softmax update over all keys under an explicit boolean mask (``am_rows``: each row's mask pointer).
+    """Online-softmax update over keys [lo, hi) under an explicit boolean mask (``am_rows``: each row's mask pointer).
 
-    A key block that no row of the tile may see is skipped (no K/V read, no MMA): with a causal or padding mask
-    from a static cache this skips the blocks above the diagonal and the cache's unfilled slots. Masked scores are
-    -inf; a row with no visible key so far keeps m = -inf and contributes nothing (its output is 0)."""
-    for start_n in range(0, kv_len, BLOCK_N):
+    ``[lo, hi)`` covers every key some row of the tile may see (from the mask's row extents), so a static KV cache's
+    unfilled slots and the causal upper triangle are never visited; inside it the mask tile is applied as -inf with
+    no branch, which keeps the loop software-pipelined. A row with no visible key keeps m = -inf and l = 0 (output 0).
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         col_ok = cols < kv_len
         allowed = tl.load(am_rows[:, None] + cols[None, :] * stride_as, mask=row_on[:, None] & col_ok[None, :],
                           other=0) != 0
-        if tl.max(tl.max(allowed.to(tl.int32), 1), 0) > 0:
-            k = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None],
-                        other=0.0)
-            qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
-            qk = tl.where(allowed, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(qk - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :],
-                        other=0.0)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
-            m_i = m_new
+        k = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None],
+                    other=0.0)
+        qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
+        qk = tl.where(allowed, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :],
+                    other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, O, ORDER, COUNT, AMASK,
+    Q, K, V, O, ORDER, COUNT, AMASK, EXT,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_ot,
     stride_ab, stride_ah, stride_at, stride_as,
+    stride_eb, stride_eh, stride_et,
     num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -161,10 +168,13 @@ def _prefill_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         if HAS_AMASK:
             row_on = offs_m < count
+            ext = EXT + b.to(tl.int64) * stride_eb + h * stride_eh + rows.to(tl.int64) * stride_et
+            lo = (tl.min(tl.load(ext, mask=row_on, other=kv_len), 0) // BLOCK_N) * BLOCK_N
+            hi = tl.max(tl.load(ext + 1, mask=row_on, other=-1), 0) + 1
             am_rows = AMASK + b.to(tl.int64) * stride_ab + h * stride_ah + rows.to(tl.int64) * stride_at
             acc, l_i, m_i = _attend_masked_keys(
-                acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, kv_len, qk_scale,
-                offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION,
+                acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, lo, hi, kv_len,
+                qk_scale, offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION,
             )
         else:
             acc, l_i, m_i = _attend_plain(
@@ -259,16 +269,21 @@ def launch_prefill(
         out.copy_(staging)
         return
     order, count = compact_active_rows(head_mask)
-    amask = expand_attn_mask(attn_mask, dims) if attn_mask is not None else None
+    amask = ext = None
+    if attn_mask is not None:
+        amask = expand_attn_mask(attn_mask, dims)
+        rows = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # un-broadcast B, H, T
+        ext = expand_attn_mask_extents(mask_extents(rows.expand(*rows.shape[:3], dims.kv_len)), dims)
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     args = (
-        q, k, v, out, order, count, amask if amask is not None else order,
+        q, k, v, out, order, count, amask if amask is not None else order, ext if ext is not None else order,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         *(amask.stride() if amask is not None else (0, 0, 0, 0)),
+        *(ext.stride()[:3] if ext is not None else (0, 0, 0)),
         dims.num_q_heads, dims.num_groups, dims.q_len, dims.kv_len, dims.q_per_kv, dims.heads_per_group,
         dims.scale * _LOG2E,
     )

@@ -27,8 +27,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 from wide_compile.templates.attention_reference import group_attention_reference  # noqa: E402
 
 # Kernel modules in dependency order (each later one imports launchers of an earlier one by name).
-_KERNEL_MODULES = ("attention_compact", "attention_prefill", "attention_decode", "attention")
-group_attention = group_attention_prefill = group_attention_decode = attention_compact = None
+_KERNEL_MODULES = ("attention_compact", "attention_mask_extents", "attention_prefill", "attention_decode", "attention")
+group_attention = group_attention_prefill = group_attention_decode = attention_compact = attention_mask_extents = None
 
 
 def _interpreted_kernel_modules() -> dict:
@@ -48,9 +48,10 @@ def _interpreted_kernel_modules() -> dict:
 @pytest.fixture(scope="module", autouse=True)
 def interpreted_kernels():
     """Bind the module-level kernel entry points to interpreter-decorated kernels for this module's tests."""
-    global group_attention, group_attention_prefill, group_attention_decode, attention_compact
+    global group_attention, group_attention_prefill, group_attention_decode, attention_compact, attention_mask_extents
     mods = _interpreted_kernel_modules()
     attention_compact = mods["attention_compact"]
+    attention_mask_extents = mods["attention_mask_extents"]
     group_attention_prefill = mods["attention_prefill"].group_attention_prefill
     group_attention_decode = mods["attention_decode"].group_attention_decode
     group_attention = mods["attention"].group_attention
@@ -317,3 +318,36 @@ def test_bad_attention_masks_raise_clear_errors(amask, causal, error, match):
     q, k, v, m = _good_inputs()
     with pytest.raises(error, match=match):
         group_attention(q, k, v, m, causal=causal, attn_mask=amask())
+
+
+@pytest.mark.parametrize("shape, kind", [((2, 1, 37, 70), "static_cache"), ((1, 3, 5, 40), "random"),
+                                         ((2, 1, 1, 33), "padding"), ((1, 1, 4, 9), "none")])
+def test_mask_extents_match_reference(shape, kind):
+    """First / last visible key per mask row (S, -1 for rows that see nothing), also through a broadcast view."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    b, h, t, s = shape
+    if kind == "static_cache":
+        mask = static_cache_mask(b, t, s, start=20)
+    elif kind == "random":
+        mask = torch.rand(shape, generator=gen) < 0.2
+        mask[0, 0, 0] = False  # a row that sees nothing
+    elif kind == "padding":
+        mask = (torch.rand(b, 1, 1, s, generator=gen) < 0.7).expand(shape)
+    else:
+        mask = torch.zeros(shape, dtype=torch.bool)
+    ext = attention_mask_extents.mask_extents(mask)
+    assert torch.equal(ext, attention_mask_extents.mask_extents_reference(mask))
+    if kind == "random":
+        assert ext[0, 0, 0].tolist() == [s, -1]
+
+
+def test_prefill_mask_broadcast_over_keys_and_queries():
+    """Masks broadcast over keys ([T, 1]) or queries ([B, 1, 1, S]) still reach every key they allow."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = make_inputs(2, 4, 2, 33, 70, 16, torch.float32, gen)
+    head_mask = make_mask("random", 2, 33, 2, gen)
+    for amask in (torch.rand(33, 1, generator=gen) < 0.7, torch.rand(2, 1, 1, 70, generator=gen) < 0.5):
+        out = poisoned(2, 4, 33, 16, torch.float32)
+        group_attention_prefill(q, k, v, head_mask, causal=False, out=out, attn_mask=amask)
+        assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=False, attn_mask=amask), head_mask,
+                       torch.float32)

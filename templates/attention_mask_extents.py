@@ -1,0 +1,77 @@
+"""Per-row key extents of a boolean attention mask: the first and last key each query row may see.
+
+``mask_extents(mask)`` takes the (un-broadcast) 4-D boolean mask ``[Bm, Hm, Tm, S]`` and returns int32
+``[Bm, Hm, Tm, 2]``: ``(first, last)`` allowed key of every row, ``(S, -1)`` for a row that may see nothing. The
+prefill kernel loops only over the key blocks between a tile's extents, so a static KV cache's mask (causal over the
+filled slots) costs it the causal band, not the whole cache, while keeping its key loop free of branches (software
+pipelined). One read of the mask per call: ``Bm * Hm * Tm * S`` bytes (17 MB for a 4096-token prefill into 4160
+slots; the mask is shared by all heads).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["mask_extents", "mask_extents_reference"]
+
+
+@triton.jit
+def _mask_extents_kernel(
+    MASK, OUT, num_heads, num_rows, kv_len,
+    stride_mb, stride_mh, stride_mt, stride_ms,
+    BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // num_heads
+    h = bh % num_heads
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < num_rows
+    base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh + rows.to(tl.int64)[:, None] * stride_mt
+    first = tl.full([BLOCK_T], kv_len, dtype=tl.int32)
+    last = tl.full([BLOCK_T], -1, dtype=tl.int32)
+    for start in range(0, kv_len, BLOCK_S):
+        cols = start + tl.arange(0, BLOCK_S)
+        ok = row_ok[:, None] & (cols[None, :] < kv_len)
+        allowed = (tl.load(base + cols[None, :] * stride_ms, mask=ok, other=0) != 0) & ok
+        first = tl.minimum(first, tl.min(tl.where(allowed, cols[None, :], kv_len), 1))
+        last = tl.maximum(last, tl.max(tl.where(allowed, cols[None, :], -1), 1))
+    out = OUT + (bh.to(tl.int64) * num_rows + rows) * 2
+    tl.store(out, first, mask=row_ok)
+    tl.store(out + 1, last, mask=row_ok)
+
+
+def mask_extents_reference(mask: torch.Tensor) -> torch.Tensor:
+    """PyTorch version of :func:`mask_extents` (``mask``: 4-D boolean)."""
+    kv_len = mask.shape[-1]
+    idx = torch.arange(kv_len, device=mask.device, dtype=torch.int32)
+    first = torch.where(mask, idx, kv_len).amin(-1) if kv_len else mask.new_zeros(mask.shape[:-1], dtype=torch.int32)
+    last = torch.where(mask, idx, -1).amax(-1) if kv_len else mask.new_full(mask.shape[:-1], -1, dtype=torch.int32)
+    return torch.stack([first.to(torch.int32), last.to(torch.int32)], dim=-1)
+
+
+def mask_extents(mask: torch.Tensor) -> torch.Tensor:
+    """``(first, last)`` allowed key per row of a 4-D boolean mask ``[Bm, Hm, Tm, S]`` (any strides, including the 0
+    strides of a broadcast view); int32 ``[Bm, Hm, Tm, 2]``, contiguous."""
+    if mask.dim() != 4 or mask.dtype != torch.bool:
+        raise ValueError(f"mask_extents: need a 4-D boolean mask, got {mask.dtype} of shape {tuple(mask.shape)}")
+    bm, hm, tm, kv_len = mask.shape
+    out = torch.empty((bm, hm, tm, 2), dtype=torch.int32, device=mask.device)
+    if out.numel() == 0:
+        return out
+    if kv_len == 0:
+        out[..., 0], out[..., 1] = 0, -1
+        return out
+    m8 = mask.view(torch.uint8)
+    block_t, block_s = (32, 32) if _interpreting() else (16, 256)
+    grid = (triton.cdiv(tm, block_t), bm * hm)
+    _mask_extents_kernel[grid](m8, out, hm, tm, kv_len, *m8.stride(), BLOCK_T=block_t, BLOCK_S=block_s)
+    return out
+
+
+def _interpreting() -> bool:
+    from .attention_checks import interpreting
+
+    return interpreting()
