@@ -613,8 +613,34 @@ def test_greedy_generate_with_kv_cache_matches_eager(family, decisions):
     report = wide_compile.compile_report(compiled)
     assert len(report.graphs) >= 2  # prefill and decode (T = 1)
     assert all(g.lowered.get(OGL) == 2 for g in report.graphs), str(report)
-    for graph in report.graphs:  # (transformers 5.24 passes SDPA no mask in generate: prefill causal, decode T = 1)
-        assert_cores_lowered_or_explained(graph, expected_lowered=2 if FORWARD_SDPA_WITHOUT_MASK else None)
+    for graph in report.graphs:  # no SDPA mask (transformers 5.24) or a boolean one (5.17): lowered either way
+        assert_cores_lowered_or_explained(graph, expected_lowered=2)
+
+
+def test_left_padded_batch_generate_lowers_the_masked_cores_and_matches_eager():
+    """A left-padded batch: HF gives SDPA a boolean causal + padding mask in prefill and decode; the cores run
+    wide::group_attention with it (padding rows see no key) and generation equals eager."""
+    model = wide_model("llama")
+    compiled = copy.deepcopy(model)
+    torch._dynamo.reset()
+    wide_compile.backend.reset_compile_report()
+    compiled.compile(backend="wide", dynamic=True, options={"wide.inner": "eager"})
+    ids = torch.randint(3, 120, (3, 7), generator=torch.Generator().manual_seed(9))
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, :2] = 0  # left padding
+    attention_mask[2, :5] = 0
+    ids = ids.masked_fill(attention_mask == 0, 0)
+    kw = dict(attention_mask=attention_mask, max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True,
+              return_dict_in_generate=True)
+    for m in (model, compiled):
+        wide_compile.set_forced(m, token_masks)
+    with torch.no_grad():
+        out_e, out_c = model.generate(ids, **kw), compiled.generate(ids, **kw)
+    assert torch.equal(out_c.sequences, out_e.sequences)
+    for a, e in zip(out_c.logits, out_e.logits):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    report = wide_compile.compile_report(compiled)
+    assert report.graphs and all(g.lowered.get("group_attention") == 2 for g in report.graphs), str(report)
 
 
 # ----------------------------------------------------------------------------------------------- GPU
