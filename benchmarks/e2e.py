@@ -275,12 +275,17 @@ def wide_report(model) -> dict:
 def run_stage(run: Run, kind: str, variant: str, shapes: list[int]) -> None:
     """Compile ``variant`` once for this stage and measure ``shapes``; everything recorded, nothing raised."""
     args, name = run.args, f"{kind}[{','.join(map(str, shapes))}]/{variant}"
-    estimate = 1.25 * max(run.compile_seconds) if run.compile_seconds else 0.0
+    graphs = len(shapes) if args.dynamic is False else 1  # static shapes: one compile per shape
+    estimate = 1.25 * max(run.compile_seconds) * graphs if run.compile_seconds else 0.0
     stage = run.record["stages"].setdefault(name, {"shapes": shapes})
     need = estimate * (2 if variant == "dense" else 1) + 10  # dense only starts when its wide twin fits too
-    if run.compile_seconds and run.budget.left() < need:  # the first stage always runs (its time limit still holds)
+    twin = run.record["stages"].get(f"{kind}[{','.join(map(str, shapes))}]/dense", {})
+    if variant == "wide" and "skipped" in twin:  # a WIDE time without its dense baseline gives no ratio
+        stage["skipped"] = f"its dense baseline was skipped ({twin['skipped']})"
+    elif run.compile_seconds and run.budget.left() < need:  # the first stage always runs (its time limit still holds)
         stage["skipped"] = (f"time budget: {run.budget.left():.0f} s left, {need:.0f} s needed "
                             f"(compile {estimate:.0f} s)")
+    if "skipped" in stage:
         for shape in shapes:
             run.result(kind, shape)[variant] = {"skipped": stage["skipped"]}
         log(f"skip {name}: {stage['skipped']}")
