@@ -5,7 +5,8 @@
     report = wide_compile.compile_report(model)
     print(report)               # one line per graph: compile id, wide:: ops captured, ops lowered, why not
     report.recompiles           # graphs compiled again for a frame (Dynamo compile id "frame/n" with n > 0)
-    report.graph_breaks         # {reason: count}, process-wide (torch._dynamo.utils.counters["graph_break"])
+    report.graph_breaks         # {reason: count}, process-wide since the last reset_compile_report()
+                                # (torch._dynamo.utils.counters["graph_break"])
 
 Recompile reasons are not recorded here: run with ``TORCH_LOGS=recompiles`` (or
 ``torch._logging.set_logs(recompiles=True)``) to see the failing guard of each recompile, and
@@ -90,8 +91,11 @@ def add_record(record: GraphRecord) -> None:
 
 
 def reset_compile_report() -> None:
-    """Forget the recorded graphs (Dynamo's counters are reset by ``torch._dynamo.reset()``)."""
+    """Forget the recorded graphs and Dynamo's graph-break counts (``torch._dynamo.reset()`` keeps the counts)."""
+    from torch._dynamo.utils import counters
+
     _RECORDS.clear()
+    counters["graph_break"].clear()
 
 
 def _model_storages(model: nn.Module) -> set[int]:
