@@ -21,7 +21,11 @@ from wide_compile.templates.attention_prefill import _prefill_kernel
 _DIVISIBLE = re.compile(r"^(stride_.*[bhst]|chunk|LEN_BUCKET|CHUNK_BUCKET)$")
 
 
+_UNIT_STRIDES = ("stride_as",)  # the boolean mask's key stride: 1 for a real mask, which the JIT specialises
+
+
 def _compile(fn, pointers: dict[str, str], consts: dict, floats: tuple[str, ...], num_warps: int, num_stages: int):
+    consts = {**{k: 1 for k in _UNIT_STRIDES if k in fn.arg_names}, **consts}
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
