@@ -272,8 +272,8 @@ def launch_prefill(
     amask = ext = None
     if attn_mask is not None:
         amask = expand_attn_mask(attn_mask, dims)
-        rows = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # un-broadcast B, H, T
-        ext = expand_attn_mask_extents(mask_extents(rows.expand(*rows.shape[:3], dims.kv_len)), dims)
+        mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # un-broadcast B, H, T
+        ext = expand_attn_mask_extents(mask_extents(mask4.expand(*mask4.shape[:3], dims.kv_len)), dims)
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     args = (
