@@ -22,6 +22,8 @@ autocast regions the rewrite is still exact: ``router_logits`` turns autocast of
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import fx
 
@@ -80,12 +82,7 @@ def _static_tokens(logits_value) -> int | None:
     """Tokens of a ``[..., G, 2]`` logits value when its leading sizes are plain ints (static shapes), else None (the
     op then picks the kernel at run time)."""
     sizes = logits_value.shape[:-2]
-    if not all(isinstance(d, int) for d in sizes):
-        return None
-    tokens = 1
-    for d in sizes:
-        tokens *= d
-    return tokens
+    return math.prod(sizes) if all(isinstance(d, int) for d in sizes) else None
 
 
 def lower_router_decisions(graph: fx.Graph) -> tuple[int, list[str]]:
