@@ -1,6 +1,7 @@
-"""Small helpers shared by the group-skipping linear kernels (Triton availability, interpreter mode)."""
+"""Small helpers shared by the Triton templates (Triton availability, interpreter mode, device size)."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -26,6 +27,16 @@ def can_run_triton(t: torch.Tensor) -> bool:
     if t.device.type == "cuda":
         return True
     return t.device.type == "cpu" and interpreting()
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA ``device`` (its index, or the current device), cached per device."""
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def next_pow2(n: int) -> int:

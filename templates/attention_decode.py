@@ -17,12 +17,11 @@ that may see no key gets zeros (as SDPA). Not yet timed on the H200.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from ._triton_utils import sm_count
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
@@ -177,15 +176,8 @@ DIRECT_MIN_PAIRS = 64  # ... with at least this many (batch, KV head) pairs skip
 SHORT_KV_CHUNK = 256  # ... with fewer pairs split into chunks of this many keys
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _device_sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(device) if device.type == "cuda" else 1
 
 
 def decode_config(chunk: int, programs: int, sm_count: int, head_dim: int = 128, elem_size: int = 2) -> dict:

@@ -19,11 +19,9 @@ Program order: GROUP_M token tiles side by side, sweeping n tiles; the splits of
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ._triton_utils import HAS_TRITON, cdiv, interpreting, largest_pow2_divisor, swizzle_m_major
+from ._triton_utils import HAS_TRITON, cdiv, interpreting, largest_pow2_divisor, sm_count, swizzle_m_major
 
 if HAS_TRITON:
     import triton
@@ -89,11 +87,6 @@ if HAS_TRITON:
             tl.atomic_add(y_ptrs, acc, mask=out_mask, sem="relaxed")
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def default_config(num_tokens: int, n_dim: int, group_size: int) -> dict:
     """Tile sizes / warps / pipeline depth (BLOCK_M comes from the plan; SPLIT 0 = automatic)."""
     if interpreting():
@@ -133,7 +126,7 @@ def input_groups_gemm(
     if split <= 0:
         split = 1
         if x.is_cuda:
-            target = 2 * _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device())
+            target = 2 * sm_count(x.device)
             while tiles * split < target and split < 8 and split * 2 <= num_groups:
                 split *= 2
     if split == 1:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_utils import ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2
+from ._triton_utils import (
+    ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2, sm_count,
+)
 
 if HAS_TRITON:
     import triton
@@ -201,7 +203,7 @@ def _auto_split(tiles: int, max_split: int, active_fraction: float = 0.5) -> int
     """Split factor giving about 4 active programs per SM (decode GEMVs are latency-bound per program)."""
     if interpreting():
         return 1
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = sm_count(torch.device("cuda"))
     split = 1
     while tiles * split * active_fraction < 4 * sms and split * 2 <= max_split:
         split *= 2

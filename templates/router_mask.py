@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, interpreting, next_pow2
+from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, interpreting, next_pow2, sm_count
 from .router_mask_reference import check_router_mask_args, router_mask_reference
 
 if HAS_TRITON:
@@ -110,9 +110,7 @@ DECODE_TOKENS = 16  # M <= this: one token tile, H split among programs
 
 
 def _sm_count(device: torch.device) -> int:
-    if interpreting() or device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4 if interpreting() or device.type != "cuda" else sm_count(device)
 
 
 def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, device: torch.device) -> dict:
