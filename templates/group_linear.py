@@ -89,8 +89,8 @@ def _check(
                 f"{op}: plan was built for a mask [{plan.num_tokens}, {plan.num_groups}], "
                 f"this call has [{num_tokens}, {num_groups}]"
             )
-        if plan.mask_u8.device != x.device:
-            raise ValueError(f"{op}: plan is on {plan.mask_u8.device} but x is on {x.device}")
+        if plan.mask_rows.device != x.device:
+            raise ValueError(f"{op}: plan is on {plan.mask_rows.device} but x is on {x.device}")
     return num_groups
 
 

@@ -99,7 +99,7 @@ class GroupPlan:
 
     num_tokens: int
     num_groups: int
-    mask_u8: torch.Tensor  # [M, G] contiguous rows the kernels read, nonzero = active (see ``mask_rows``)
+    mask_rows: torch.Tensor  # [M, G] contiguous rows the kernels read, nonzero = active (see ``mask_rows``)
     group_tokens: torch.Tensor | None = None  # [G, M] int32
     group_counts: torch.Tensor | None = None  # [G] int32
     block_m: int = 0  # token tile of the input-group tables
@@ -277,4 +277,4 @@ def build_group_plan(
         else:
             lists, counts = tile_group_lists_torch(mask_to_u8(m), None, num_tokens)
         fields["union_groups"], fields["union_count"] = lists[0], counts[:1]
-    return GroupPlan(num_tokens=num_tokens, num_groups=num_groups, mask_u8=m, **fields)
+    return GroupPlan(num_tokens=num_tokens, num_groups=num_groups, mask_rows=m, **fields)
