@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._triton_utils import sm_count
+from .attention_block import attend_block
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
@@ -29,24 +30,6 @@ __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
 _LOG2E = 1.4426950408889634
 MAX_DECODE_ROWS = 128  # (query heads per KV head) x (new tokens) handled by one program
 _MAX_SPLITS = 64
-
-
-@triton.jit
-def _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, col_ok, valid, offs_d, dmask, qk_scale,
-                  INPUT_PRECISION: tl.constexpr):
-    """Online-softmax update over one key block: K/V read where ``col_ok``, ``valid[rows, keys]`` says which scores
-    count."""
-    k = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)
-    qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
-    qk = tl.where(valid, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet stays at 0
-    p = tl.math.exp2(qk - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
-    return acc, l_i, m_new
 
 
 @triton.jit
@@ -107,7 +90,7 @@ def _decode_split_kernel(
                 # a predicated load (not a branch) keeps the loop software-pipelined; the hidden block's scores are
                 # -inf and change nothing
                 load_ok = col_ok & (tl.max(tl.max(valid.to(tl.int32), 1), 0) > 0)
-            acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, load_ok,
+            acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, load_ok,
                                           valid, offs_d, dmask, qk_scale, INPUT_PRECISION)
         has_keys = l_i > 0
         o_part = acc / tl.where(has_keys, l_i, 1.0)[:, None]

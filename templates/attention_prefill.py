@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention_block import attend_block
 from .attention_checks import (
     AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, expand_attn_mask_extents, interpreting,
 )
@@ -103,20 +104,8 @@ def _attend_masked_keys(
         col_ok = cols < kv_len
         allowed = tl.load(am_rows[:, None] + cols[None, :] * stride_as, mask=row_on[:, None] & col_ok[None, :],
                           other=0) != 0
-        k = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None],
-                    other=0.0)
-        qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
-        qk = tl.where(allowed, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :],
-                    other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, col_ok, allowed,
+                                     offs_d, dmask, qk_scale, INPUT_PRECISION)
     return acc, l_i, m_i
 
 

@@ -27,7 +27,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 from wide_compile.templates.attention_reference import group_attention_reference  # noqa: E402
 
 # Kernel modules in dependency order (each later one imports launchers of an earlier one by name).
-_KERNEL_MODULES = ("attention_compact", "attention_mask_extents", "attention_prefill", "attention_decode", "attention")
+_KERNEL_MODULES = ("attention_block", "attention_compact", "attention_mask_extents", "attention_prefill", "attention_decode",
+                   "attention")
 group_attention = group_attention_prefill = group_attention_decode = attention_compact = attention_mask_extents = None
 
 

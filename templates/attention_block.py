@@ -1,0 +1,31 @@
+"""One key block of online-softmax attention, shared by the decode kernel and the prefill kernel's explicit-mask loop.
+
+``attend_block`` reads the K/V rows of ``cols`` where ``col_ok`` (a predicate of False reads nothing), scores them with
+``q``, hides the scores where ``valid`` is False (-inf) and folds the block into the running ``(acc, l, m)`` (scores in
+the log2 domain, ``qk_scale`` includes log2(e)). A row that has seen no visible key keeps ``m = -inf, l = 0``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["attend_block"]
+
+
+@triton.jit
+def attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, col_ok, valid, offs_d, dmask, qk_scale,
+                 INPUT_PRECISION: tl.constexpr):
+    """Online-softmax update over one key block: K/V read where ``col_ok``, ``valid[rows, keys]`` says which scores
+    count."""
+    k = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None], other=0.0)
+    qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
+    qk = tl.where(valid, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet stays at 0
+    p = tl.math.exp2(qk - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :], other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+    return acc, l_i, m_new
