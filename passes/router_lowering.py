@@ -15,8 +15,9 @@ Lowered only where the result is the same, nothing needs a gradient and it pays:
 - ``logits`` needs no gradient (its ``example_value.requires_grad`` is False: ``torch.no_grad()`` / inference mode,
   or routers and input without ``requires_grad``); the op has no gradient;
 - router weights share one dtype and device with the logits (what ``router_logits`` computes in);
-- the token count is in ``FUSED_TOKENS`` (2-64, where the kernel measured faster on the H200) or not static
-  (dynamic shapes: the op decides per call); outside it the gate is left as it is without a reason (a speed choice).
+- ``fused_for(tokens, x dtype)`` (``wide_compile.router_mask_op``: where the kernel measured faster on the H200) or
+  the token count is not static (dynamic shapes: the op decides per call); otherwise the gate is left as it is
+  without a reason (a speed choice).
 Gates with Gumbel noise (training) or ``topk_gate`` are not this pattern and are left without a reason. Inside
 autocast regions the rewrite is still exact: ``router_logits`` turns autocast off and the op ignores it.
 """
@@ -72,10 +73,11 @@ def _why_not(logits: fx.Node) -> str | None:
     return None
 
 
-def _pays(logits: fx.Node) -> bool:
-    """Whether the fused kernel measured faster for this graph's token count (always when it is not static)."""
+def _pays(logits: fx.Node, x: fx.Node) -> bool:
+    """Whether the fused kernel measured faster for this graph's token count and the op's input dtype (always when the
+    count is not static)."""
     tokens = _static_tokens(example_value(logits))
-    return tokens is None or fused_for(tokens)
+    return tokens is None or fused_for(tokens, example_value(x).dtype)
 
 
 def _static_tokens(logits_value) -> int | None:
@@ -94,13 +96,13 @@ def lower_router_decisions(graph: fx.Graph) -> tuple[int, list[str]]:
             continue  # training: Gumbel noise and a straight-through gradient
         logits = arg(gate, 0, "logits")
         why = _why_not(logits)
-        if why is None and not _pays(logits):
-            continue  # a speed choice, not a fallback: the unfused ops are the faster path at this size
         if why is not None:
             reasons.append(f"{gate.name}: router decision kept as router_logits + threshold_gate: {why}")
             continue
         xc, w_in, b_in, w_out, b_out = (arg(logits, i, name) for i, name in enumerate(ROUTER_ARGS))
         x = _uncast_input(xc, example_value(logits).dtype)
+        if not _pays(logits, x):
+            continue  # a speed choice, not a fallback: the unfused ops are the faster path at this size
         with graph.inserting_before(gate):
             new = graph.call_function(torch.ops.wide.router_mask.default, (x, w_in, b_in, w_out, b_out))
         new.meta = dict(gate.meta)

@@ -122,6 +122,21 @@ def test_template_all_execute_and_all_skip(rm, bias, m, split):
     assert torch.equal(mask, torch.full_like(mask, 1.0 if bias == "execute" else 0.0))
 
 
+@pytest.mark.parametrize("m, split", [(1, 2), (17, 1), (40, 3)])
+def test_template_split_weights_on_tensor_cores(rm, m, split):
+    """``W_SPLIT3`` (W_in split into three fp16 parts, 16-bit dots, fp32 accumulate) forced on and off for fp16 x:
+    both equal the fp32 reference except on near-ties; it is the automatic choice above ``DECODE_TOKENS`` only."""
+    x = tokens((m, 200), torch.float16, seed=m)
+    weights = router_weights(200, 20, 40, seed=m)
+    for choice in (True, False):
+        out = torch.full((m, 40), float("nan"))
+        assert_decisions_match(rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": choice}, out=out),
+                               x, *weights)
+    assert rm._split_weights(x, m, None) == (m > rm.DECODE_TOKENS)
+    assert not rm._split_weights(x.float(), 4096, True)  # fp32 x has no exact 16-bit form
+    assert not rm._split_weights(x.bfloat16(), 4096, True)  # the interpreter's bf16 dot is wrong
+
+
 def test_template_leading_dims_noncontiguous_and_determinism(rm):
     """x[2, 5, H] as a transposed view; the default allocation path; split results are bit-identical across calls."""
     xt = tokens((2, 100, 5), torch.float32, seed=9)
@@ -380,7 +395,7 @@ def test_gpu_llama3_8b_router_shapes(groups):
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must not use TF32
     try:
         weights = router_weights(4096, 32, groups, seed=groups, device="cuda")
-        for m in (1, 8, 32, 4096):
+        for m in (1, 8, 32, 4096, 16384):
             x = tokens((m, 4096), torch.bfloat16, seed=m, device="cuda")
             out = torch.full((m, groups), float("nan"), device="cuda")
             mask = router_mask(x, *weights, out=out)
@@ -389,6 +404,8 @@ def test_gpu_llama3_8b_router_shapes(groups):
             assert torch.equal(router_mask_op(x, *weights), mask)
             for split in (1, 4):
                 assert_decisions_match(router_mask(x, *weights, config={"SPLIT": split}), x, *weights)
+            for choice in (True, False):  # bf16 split of W_in on tensor cores / fp32 FMA
+                assert_decisions_match(router_mask(x, *weights, config={"W_SPLIT3": choice}), x, *weights)
             for bias in ("execute", "skip"):
                 forced = router_weights(4096, 32, groups, bias=bias, seed=groups, device="cuda")
                 expected = torch.full((m, groups), 1.0 if bias == "execute" else 0.0, device="cuda")

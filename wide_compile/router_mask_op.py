@@ -4,14 +4,16 @@
 ``wide::threshold_gate(wide::router_logits(x.to(w_in.dtype), w_in, b_in, w_out, b_out), None, tau)``: 1.0 where
 ``logit_execute >= logit_skip`` (``tau`` does not change a noise-free hard decision), in ``w_in``'s dtype.
 
-Devices: on CUDA, for ``FUSED_TOKENS`` = 2 to 64 tokens, the Triton template (``wide_compile.templates.router_mask``:
-one launch instead of a cast, two GEMVs and a compare; decisions equal the fp32 reference except on near-ties); for
-other token counts on CUDA, and on every other device, the PyTorch reference (``templates/router_mask_reference.py``:
-cuBLAS on CUDA), so a compiled CPU model matches eager exactly.
+Devices: on CUDA, where :func:`fused_for` says so, the Triton template (``wide_compile.templates.router_mask``: one
+launch instead of a cast, two GEMMs / GEMVs and a compare; decisions equal the fp32 reference except on near-ties);
+for other token counts on CUDA, and on every other device, the PyTorch reference
+(``templates/router_mask_reference.py``: cuBLAS on CUDA), so a compiled CPU model matches eager exactly.
 
-Why the range (H200, Llama-3-8B shape, whole-model decode / prefill with CUDA graphs, ``benchmarks/notes_e2e.md``):
-the fused kernel made decode steps faster at batch 8 (11.24 vs 13.33 ms) and 32 (28.08 vs 29.32 ms), but slower at
-batch 1 (about 2 µs more per router) and at a 4096-token prefill (198 µs per router against cuBLAS's tens).
+Why these sizes (H200, Llama-3-8B router shapes, ``benchmarks/results/kernels_router.md``; whole-model runs in
+``benchmarks/notes_e2e.md``): the fused kernel made decode steps faster at batch 8 (11.24 vs 13.33 ms) and 32
+(28.08 vs 29.32 ms), but slower at batch 1 (about 2 µs more per router). Above 64 tokens its fp32 FMA form was
+slower than cuBLAS (198 µs per router at 4096 tokens against 108); with a 16-bit ``x`` it now multiplies on the
+tensor cores (``W_SPLIT3``), which is used for every larger token count.
 
 No gradient: the lowering applies only to graphs where nothing needs one (inference). Asking for a gradient through
 this op raises a RuntimeError; training keeps ``router_logits`` + ``threshold_gate`` and their straight-through
@@ -29,12 +31,13 @@ def _reference():
     return router_mask_reference
 
 
-FUSED_TOKENS = (2, 64)  # inclusive token range where the fused kernel runs on CUDA (see module docstring)
+FUSED_TOKENS = (2, 64)  # inclusive token range where the fused kernel runs on CUDA for any x dtype
+SPLIT_DTYPES = (torch.bfloat16, torch.float16)  # x dtypes whose larger token counts run fused (W_SPLIT3)
 
 
-def fused_for(tokens: int) -> bool:
-    """Whether a call with ``tokens`` tokens runs the fused kernel on CUDA."""
-    return FUSED_TOKENS[0] <= tokens <= FUSED_TOKENS[1]
+def fused_for(tokens: int, x_dtype: torch.dtype) -> bool:
+    """Whether a call with ``tokens`` tokens of ``x_dtype`` runs the fused kernel on CUDA (see module docstring)."""
+    return FUSED_TOKENS[0] <= tokens <= FUSED_TOKENS[1] or (tokens > FUSED_TOKENS[1] and x_dtype in SPLIT_DTYPES)
 
 
 @torch.library.custom_op("wide::router_mask", mutates_args=())
@@ -51,10 +54,10 @@ def _(x, w_in, b_in, w_out, b_out):
 
 @router_mask.register_kernel("cuda")
 def router_mask_kernel(x, w_in, b_in, w_out, b_out):
-    """The template path for ``FUSED_TOKENS`` tokens, else the reference (registered for CUDA; callable on CPU under
+    """The template path where :func:`fused_for` says so, else the reference (registered for CUDA; callable on CPU under
     ``TRITON_INTERPRET=1`` for tests)."""
     tokens = x.numel() // max(1, x.shape[-1]) if x.dim() else 1
-    if not fused_for(tokens):
+    if not fused_for(tokens, x.dtype):
         return _reference().router_mask_reference(x, w_in, b_in, w_out, b_out)
     from wide_compile.templates.router_mask import router_mask as template
 
