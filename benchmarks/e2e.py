@@ -20,6 +20,9 @@ Measured, in this order (most important first, so that a time budget cuts the le
    cache sized to it, ``logits_to_keep=1`` (as ``generate`` does), median of ``--prefill-runs`` runs;
 3. decode at the other ``--decode-batch`` sizes;
 4. time to first token at the other ``--prefill`` lengths.
+With ``--all-active`` each stage also measures the WIDE model with every group forced on (``wide_all_active``: the
+same lowered kernels and attention, no routers, nothing skipped): dense/all-active is what the kernels gain over the
+dense model's own ops, all-active/wide what width pruning itself gains.
 Per (stage, variant): the first call's wall time (compilation + first run; Inductor's on-disk kernel cache makes the
 second variant's compile a little cheaper), peak memory since the stage started, graphs / recompiles / graph
 breaks / CUDA-graph skips, and for WIDE the realized skip rates and, for decode, the union-of-masks byte bound
@@ -34,6 +37,7 @@ skipped); the JSON is rewritten after every measurement.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -59,6 +63,7 @@ from e2e_timing import (  # noqa: E402
 )
 
 VARIANTS = ("dense", "wide")
+ALL_ACTIVE = "wide_all_active"  # --all-active: the WIDE model with every group forced on (its kernels, no pruning)
 GPU_DEFAULTS = dict(prefill="1024,4096,16384", decode_batch="1,8,32", decode_steps=100, prefill_runs=8,
                     kv_slots=2048)
 CPU_DEFAULTS = dict(prefill="32,96", decode_batch="1,4", decode_steps=8, prefill_runs=3, kv_slots=128)
@@ -91,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the run; stages that would "
                    "not fit are skipped and recorded")
     p.add_argument("--stage-timeout-s", type=float, default=300.0, help="time limit of one (stage, variant)")
+    p.add_argument("--all-active", action="store_true",
+                   help=f"also measure {ALL_ACTIVE}: the WIDE model compiled with every group forced to execute (the "
+                        "same lowered kernels, no routers, no skipping), which separates what width pruning gains "
+                        "from what the kernels gain over the dense model's own ops (e.g. its attention)")
     p.add_argument("--profile", action="store_true",
                    help="profile 10 decode steps per batch size and 2 prefills per length (top CUDA kernels)")
     p.add_argument("--seed", type=int, default=0)
@@ -136,6 +145,7 @@ class Run:
     budget: Budget
     record: dict
     models: BenchModels | None = None
+    variants: tuple[str, ...] = VARIANTS
     compile_seconds: list[float] = field(default_factory=list)
 
     def save(self) -> None:
@@ -167,8 +177,13 @@ def _random_ids(run: Run, shape: tuple, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, shape, generator=generator).to(run.args.device)
 
 
+def model_of(run: Run, variant: str):
+    """The model a variant runs: the dense one, or the WIDE twin (also for the all-active variant)."""
+    return run.models.dense if variant == "dense" else run.models.wide
+
+
 def measure_prefill(run: Run, fn, variant: str, length: int) -> dict:
-    model = getattr(run.models, variant)
+    model = model_of(run, variant)
     slots = -(-(length + 16) // 64) * 64  # room for a few new tokens; a multiple of 64 keeps SDPA on fused kernels
     cache = new_static_cache(model, 1, slots)
     ids = _random_ids(run, (1, length), seed=length)
@@ -196,6 +211,10 @@ def measure_prefill(run: Run, fn, variant: str, length: int) -> dict:
         out["skip_rates"] = skip_rates(masks)
         out["flop_bound"] = prefill_flop_bound(model, masks)
         out["check_vs_eager"] = compare_with_eager(fn, model, ids, kwargs, rewind)
+    elif variant == ALL_ACTIVE:  # the masks the forced graph realized: nothing skipped
+        rewind()
+        call()
+        out["skip_rates"] = skip_rates(snapshot_masks(model))
     if run.args.profile:
         out["profile"] = profile_steps(run, call, 0, cache, steps=2, rewind_each=True)
     return out
@@ -231,7 +250,7 @@ def compare_with_eager(fn, model, ids: torch.Tensor, kwargs: dict, rewind) -> di
 
 def measure_decode(run: Run, fn, variant: str, batch: int) -> dict:
     args = run.args
-    model = getattr(run.models, variant)
+    model = model_of(run, variant)
     slots, start = args.kv_slots, args.kv_slots // 2
     steps = min(args.decode_steps, slots - start - 4)
     cache = new_static_cache(model, batch, slots)
@@ -260,6 +279,10 @@ def measure_decode(run: Run, fn, variant: str, batch: int) -> dict:
         merged = {k: torch.cat([m[k].reshape(-1, m[k].shape[-1]) for m in mask_steps]) for k in mask_steps[0]}
         out["skip_rates"] = skip_rates(merged)
         out["byte_bound"] = decode_byte_bound(model, mask_steps, batch, slots)
+    elif variant == ALL_ACTIVE:
+        set_cache_length(cache, start)
+        step(0)
+        out["skip_rates"] = skip_rates(snapshot_masks(model))
     if args.profile:
         out["profile"] = profile_steps(run, step, start, cache)
     return out
@@ -307,9 +330,9 @@ def run_stage(run: Run, kind: str, variant: str, shapes: list[int]) -> None:
     graphs = len(shapes) if args.dynamic is False else 1  # static shapes: one compile per shape
     estimate = 1.25 * max(run.compile_seconds) * graphs if run.compile_seconds else 0.0
     stage = run.record["stages"].setdefault(name, {"shapes": shapes})
-    need = estimate * (2 if variant == "dense" else 1) + 10  # dense only starts when its wide twin fits too
+    need = estimate * (len(run.variants) if variant == "dense" else 1) + 10  # dense starts only if its twins fit
     twin = run.record["stages"].get(f"{kind}[{','.join(map(str, shapes))}]/dense", {})
-    if variant == "wide" and "skipped" in twin:  # a WIDE time without its dense baseline gives no ratio
+    if variant != "dense" and "skipped" in twin:  # a WIDE time without its dense baseline gives no ratio
         stage["skipped"] = f"its dense baseline was skipped ({twin['skipped']})"
     elif run.compile_seconds and run.budget.left() < need:  # the first stage always runs (its time limit still holds)
         stage["skipped"] = (f"time budget: {run.budget.left():.0f} s left, {need:.0f} s needed "
@@ -320,7 +343,7 @@ def run_stage(run: Run, kind: str, variant: str, shapes: list[int]) -> None:
         log(f"skip {name}: {stage['skipped']}")
         run.save()
         return
-    model = getattr(run.models, variant)
+    model = model_of(run, variant)
     clear_masks(run.models.wide)
     fresh_compile_state(args.device)
     wide_compile.backend.reset_compile_report()
@@ -331,8 +354,9 @@ def run_stage(run: Run, kind: str, variant: str, shapes: list[int]) -> None:
     log(f"stage {name}: shapes {shapes} (limit {limit:.0f} s)")
     fn, pending = None, list(shapes)
     try:
-        with time_limit(limit, name), torch.no_grad():
-            fn = compile_variant(model, variant, args.mode, args.inner, args.dynamic)
+        with time_limit(limit, name), torch.no_grad(), forced_for(model, variant):
+            fn = compile_variant(model, "dense" if variant == "dense" else "wide", args.mode, args.inner,
+                                 args.dynamic)
             for i, shape in enumerate(shapes):
                 if i > 0 and run.budget.left() < 5:
                     run.result(kind, shape)[variant] = {"skipped": "time budget"}
@@ -372,6 +396,11 @@ def run_stage(run: Run, kind: str, variant: str, shapes: list[int]) -> None:
     run.save()
 
 
+def forced_for(model, variant: str):
+    """Every group forced on for the all-active variant (routers do not run), else nothing."""
+    return wide_compile.forced(model, "execute") if variant == ALL_ACTIVE else contextlib.nullcontext()
+
+
 def _short(kind: str, res: dict) -> str:
     metric = res["ttft"] if kind == "prefill" else res["ms_per_step"]
     text = f"median {metric['median_ms']:.3f} ms, first call {res['first_call_s']:.1f} s"
@@ -408,6 +437,10 @@ def finalize(run: Run) -> None:
                 "peak_allocated_gb": _ratio(dense.get("peak_allocated_gb"), wide.get("peak_allocated_gb")),
             }
             entry["dense_over_wide"] = ratios
+            if ALL_ACTIVE in entry:  # the pruning's own gain (same kernels), and the kernels' gain over dense
+                active = entry[ALL_ACTIVE].get(metric, {}).get("median_ms")
+                entry["all_active_over_wide"] = _ratio(active, wide.get(metric, {}).get("median_ms"))
+                entry["dense_over_all_active"] = _ratio(dense.get(metric, {}).get("median_ms"), active)
     run.record["targets"] = _targets(run)
 
 
@@ -434,8 +467,10 @@ def print_table(record: dict) -> None:
           f"{record['versions'].get('gpu', 'cpu')}, torch {record['versions']['torch']}, "
           f"transformers {record['versions']['transformers']}, mode {record['settings']['mode']}, "
           f"routers: {model.get('routers', '?')}", flush=True)
-    rows = [("measurement", "dense", "wide", "dense/wide", "bound", "wide skip")]
     results = record["results"]
+    active = any(ALL_ACTIVE in entry for by_shape in results.values() for entry in by_shape.values())
+    rows = [("measurement", "dense", "wide", "dense/wide", "bound", "wide skip")
+            + (("all-active", "all-active/wide") if active else ())]
     for kind in ("decode", "prefill"):
         for shape, entry in sorted(results.get(kind, {}).items(), key=lambda kv: int(kv[0])):
             metric = "ttft" if kind == "prefill" else "ms_per_step"
@@ -448,14 +483,16 @@ def print_table(record: dict) -> None:
                          f"{_fmt(flops.get('tile_bound_speedup'), '.2f', 'x')}")
             label = f"decode b={shape} ms/step" if kind == "decode" else f"TTFT {shape} tok ms"
             ratios = entry.get("dense_over_wide", {})
+            extra = ((_fmt(entry.get(ALL_ACTIVE, {}).get(metric, {}).get("median_ms"), ".3f"),
+                      _fmt(entry.get("all_active_over_wide"), ".2f", "x")) if active else ())
             rows.append((label, _fmt(dense.get(metric, {}).get("median_ms"), ".3f"),
                          _fmt(wide.get(metric, {}).get("median_ms"), ".3f"), _fmt(ratios.get("time"), ".2f", "x"),
-                         bound, _fmt(wide.get("skip_rates", {}).get("mean"), ".3f")))
+                         bound, _fmt(wide.get("skip_rates", {}).get("mean"), ".3f")) + extra)
             rows.append(("  first call s / peak GB",
                          f"{_fmt(dense.get('first_call_s'), '.1f')} / {_fmt(dense.get('peak_allocated_gb'), '.1f')}",
                          f"{_fmt(wide.get('first_call_s'), '.1f')} / {_fmt(wide.get('peak_allocated_gb'), '.1f')}",
                          f"{_fmt(ratios.get('first_call_s'), '.2f', 'x')} / "
-                         f"{_fmt(ratios.get('peak_allocated_gb'), '.2f', 'x')}", "", ""))
+                         f"{_fmt(ratios.get('peak_allocated_gb'), '.2f', 'x')}", "", "") + ("", "") * active)
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     print("\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows), flush=True)
     print(f"targets: {json.dumps(record.get('targets'))}", flush=True)
@@ -518,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                      "timing": "CUDA events" if args.device.type == "cuda" else "perf_counter"},
         "model": {}, "stages": {}, "results": {}, "errors": [],
     }
-    run = Run(args, Clock(args.device), Budget(args.budget_s), record)
+    run = Run(args, Clock(args.device), Budget(args.budget_s), record,
+              variants=VARIANTS + ((ALL_ACTIVE,) if args.all_active else ()))
     log(f"{args.model} on {args.device} ({record['versions'].get('gpu', 'cpu')}), mode {args.mode}, "
         f"inner {args.inner}, dynamic {args.dynamic}")
     run.save()
@@ -539,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     run.save()
     try:
         for kind, shapes in plan(args):
-            for variant in VARIANTS:
+            for variant in run.variants:
                 run_stage(run, kind, variant, shapes)
     except KeyboardInterrupt as exc:  # `timeout --signal=INT`: keep what was measured
         run.error("interrupted", exc)
