@@ -58,15 +58,18 @@ def main() -> None:
     bf = "*bf16"
     prefill_ptrs = {"Q": bf, "K": bf, "V": bf, "O": bf, "ORDER": "*i32", "COUNT": "*i32", "AMASK": "*u8",
                     "EXT": "*i32"}
-    prefill = [(m, n, w, s, True, False) for m, n, w, s in
+    prefill = [(m, n, w, s, True, False, False) for m, n, w, s in
                [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]]
-    prefill += [(64, 64, 4, 3, False, True), (128, 64, 8, 3, False, True)]  # explicit boolean mask (static caches)
-    for m, n, w, s, causal, amask in prefill:
-        consts = dict(HEAD_DIM=128, BLOCK_D=128, IS_CAUSAL=causal, HAS_AMASK=amask, INPUT_PRECISION="tf32",
-                      BLOCK_M=m, BLOCK_N=n)
+    # explicit boolean mask (static caches): the extents pass (contiguous rows) and the mask-tile pass
+    prefill += [(m, n, w, s, False, True, tile) for m, n, w, s in [(64, 64, 4, 3), (128, 64, 8, 3)]
+                for tile in (False, True)]
+    for m, n, w, s, causal, amask, tile in prefill:
+        consts = dict(HEAD_DIM=128, BLOCK_D=128, IS_CAUSAL=causal, HAS_AMASK=amask, TILE_MASK=tile,
+                      INPUT_PRECISION="tf32", BLOCK_M=m, BLOCK_N=n)
         k = _compile(_prefill_kernel, prefill_ptrs, consts, ("qk_scale",), w, s)
         ptx = k.asm["ptx"]
-        print(f"prefill BM={m} BN={n} w={w} s={s} mask={'explicit' if amask else 'causal'}: smem={k.metadata.shared} "
+        kind = ("explicit, mask-tile pass" if tile else "explicit, extents pass") if amask else "causal"
+        print(f"prefill BM={m} BN={n} w={w} s={s} mask={kind}: smem={k.metadata.shared} "
               f"wgmma={ptx.count('wgmma.mma_async')} cp.async={ptx.count('cp.async.cg')} :: {_ptxas_report(ptx)}")
     dec_ptrs = {"Q": bf, "K": bf, "V": bf, "MASK": "*u8", "O": bf, "PART_O": "*fp32", "PART_LSE": "*fp32",
                 "AMASK": "*u8"}

@@ -141,9 +141,9 @@ def expand_attn_mask(attn_mask: torch.Tensor, dims: AttentionDims) -> torch.Tens
 
 
 def expand_attn_mask_extents(extents: torch.Tensor, dims: AttentionDims) -> torch.Tensor:
-    """Row extents ``[Bm, Hm, Tm, 2]`` of the mask (un-broadcast over batch, heads and queries) as a ``[B, Hq, T, 2]``
+    """Row extents ``[Bm, Hm, Tm, 3]`` of the mask (un-broadcast over batch, heads and queries) as a ``[B, Hq, T, 3]``
     view (stride 0 where the mask broadcasts)."""
-    return extents.expand(dims.batch, dims.num_q_heads, dims.q_len, 2)
+    return extents.expand(dims.batch, dims.num_q_heads, dims.q_len, 3)
 
 
 def allocate_output(

@@ -1,10 +1,13 @@
-"""Per-row key extents of a boolean attention mask: the first and last key each query row may see.
+"""Per-row key extents of a boolean attention mask: the first and last key each query row may see, and whether it
+sees every key in between.
 
 ``mask_extents(mask)`` takes the (un-broadcast) 4-D boolean mask ``[Bm, Hm, Tm, S]`` and returns int32
-``[Bm, Hm, Tm, 2]``: ``(first, last)`` allowed key of every row, ``(S, -1)`` for a row that may see nothing. The
-prefill kernel loops only over the key blocks between a tile's extents, so a static KV cache's mask (causal over the
-filled slots) costs it the causal band, not the whole cache, while keeping its key loop free of branches (software
-pipelined). One read of the mask per call: ``Bm * Hm * Tm * S`` bytes (17 MB for a 4096-token prefill into 4160
+``[Bm, Hm, Tm, 3]``: ``(first, last, contiguous)`` of every row: its first and last allowed key (``(S, -1)`` for a
+row that may see nothing) and 1 when it may see every key of ``[first, last]`` (also for a row that sees nothing),
+else 0. The prefill kernel loops only over the key blocks between a tile's extents, so a static KV cache's mask
+(causal over the filled slots) costs it the causal band, not the whole cache; where every row of a tile is contiguous
+(causal masks, left or right padding: what transformers builds) the extents are the whole mask and the mask itself is
+not read again. One read of the mask per call: ``Bm * Hm * Tm * S`` bytes (17 MB for a 4096-token prefill into 4160
 slots; the mask is shared by all heads).
 """
 
@@ -32,37 +35,46 @@ def _mask_extents_kernel(
     base = MASK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh + rows.to(tl.int64)[:, None] * stride_mt
     first = tl.full([BLOCK_T], kv_len, dtype=tl.int32)
     last = tl.full([BLOCK_T], -1, dtype=tl.int32)
+    seen = tl.zeros([BLOCK_T], dtype=tl.int32)
     for start in range(0, kv_len, BLOCK_S):
         cols = start + tl.arange(0, BLOCK_S)
         ok = row_ok[:, None] & (cols[None, :] < kv_len)
         allowed = (tl.load(base + cols[None, :] * stride_ms, mask=ok, other=0) != 0) & ok
         first = tl.minimum(first, tl.min(tl.where(allowed, cols[None, :], kv_len), 1))
         last = tl.maximum(last, tl.max(tl.where(allowed, cols[None, :], -1), 1))
-    out = OUT + (bh.to(tl.int64) * num_rows + rows) * 2
+        seen += tl.sum(allowed.to(tl.int32), 1)
+    out = OUT + (bh.to(tl.int64) * num_rows + rows) * 3
     tl.store(out, first, mask=row_ok)
     tl.store(out + 1, last, mask=row_ok)
+    tl.store(out + 2, ((seen == 0) | (seen == last - first + 1)).to(tl.int32), mask=row_ok)
 
 
 def mask_extents_reference(mask: torch.Tensor) -> torch.Tensor:
     """PyTorch version of :func:`mask_extents` (``mask``: 4-D boolean)."""
     kv_len = mask.shape[-1]
     idx = torch.arange(kv_len, device=mask.device, dtype=torch.int32)
-    first = torch.where(mask, idx, kv_len).amin(-1) if kv_len else mask.new_zeros(mask.shape[:-1], dtype=torch.int32)
-    last = torch.where(mask, idx, -1).amax(-1) if kv_len else mask.new_full(mask.shape[:-1], -1, dtype=torch.int32)
-    return torch.stack([first.to(torch.int32), last.to(torch.int32)], dim=-1)
+    if kv_len == 0:
+        rows = mask.shape[:-1]
+        return torch.stack([mask.new_zeros(rows, dtype=torch.int32), mask.new_full(rows, -1, dtype=torch.int32),
+                            mask.new_ones(rows, dtype=torch.int32)], dim=-1)
+    first = torch.where(mask, idx, kv_len).amin(-1)
+    last = torch.where(mask, idx, -1).amax(-1)
+    seen = mask.sum(-1)
+    contiguous = (seen == 0) | (seen == last - first + 1)
+    return torch.stack([first.to(torch.int32), last.to(torch.int32), contiguous.to(torch.int32)], dim=-1)
 
 
 def mask_extents(mask: torch.Tensor) -> torch.Tensor:
-    """``(first, last)`` allowed key per row of a 4-D boolean mask ``[Bm, Hm, Tm, S]`` (any strides, including the 0
-    strides of a broadcast view); int32 ``[Bm, Hm, Tm, 2]``, contiguous."""
+    """``(first, last, contiguous)`` per row of a 4-D boolean mask ``[Bm, Hm, Tm, S]`` (any strides, including the 0
+    strides of a broadcast view); int32 ``[Bm, Hm, Tm, 3]``, contiguous (see the module docstring)."""
     if mask.dim() != 4 or mask.dtype != torch.bool:
         raise ValueError(f"mask_extents: need a 4-D boolean mask, got {mask.dtype} of shape {tuple(mask.shape)}")
     bm, hm, tm, kv_len = mask.shape
-    out = torch.empty((bm, hm, tm, 2), dtype=torch.int32, device=mask.device)
+    out = torch.empty((bm, hm, tm, 3), dtype=torch.int32, device=mask.device)
     if out.numel() == 0:
         return out
     if kv_len == 0:
-        out[..., 0], out[..., 1] = 0, -1
+        out[..., 0], out[..., 1], out[..., 2] = 0, -1, 1
         return out
     m8 = mask.view(torch.uint8)
     block_t, block_s = (32, 32) if _interpreting() else (16, 256)

@@ -17,10 +17,20 @@ sum of their positions) at the cost of a wider causal band: a tile of compacted 
 Tiles are launched in reverse order (largest positions first) so the long causal rows do not form the tail.
 
 With an explicit boolean ``attn_mask`` (a static KV cache's causal + unfilled-slot mask, padding) instead of
-``causal``, one small launch first finds each mask row's first and last visible key
-(:mod:`wide_compile.templates.attention_mask_extents`); a tile then loops only over the key blocks between its rows'
-extents, applying the mask tile as -inf with no branch (the loop stays software-pipelined). For a static cache
-that is the causal band: the unfilled slots are never read. Not yet timed on the H200.
+``causal``, one small launch first finds each mask row's first and last visible key and whether it sees every key in
+between (:mod:`wide_compile.templates.attention_mask_extents`); a tile then loops only over the key blocks between
+its rows' extents, so a static cache's unfilled slots are never read. Two launches of the kernel share the tiles:
+
+- the extents pass (``TILE_MASK = False``) takes the tiles whose active rows are each one contiguous key range
+  (causal and padding masks, what transformers builds): the extents are the mask, which it does not read; the key
+  blocks every row sees in full run unmasked, the others with a range predicate, as the causal variant does;
+- the mask-tile pass (``TILE_MASK = True``) takes the other active tiles and applies the mask tile as -inf; its
+  programs for the extents pass's tiles exit after reading the extents.
+
+Two launches rather than a branch: ptxas serializes every wgmma of a function whose loop loads a mask tile
+(C7515, ``benchmarks/attention_aot_report.py``), which made the one-launch version 1.8x slower than the causal
+variant at 16k tokens on the H200 (4.48 vs 2.45 ms per layer, ``benchmarks/notes_e2e.md``). The extents pass compiles
+as the causal variant does (no C7515, no spills). Not yet timed on the H200.
 """
 
 from __future__ import annotations
@@ -110,6 +120,46 @@ def _attend_masked_keys(
 
 
 @triton.jit
+def _attend_key_extents(
+    acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, lo, hi, kv_len, qk_scale,
+    offs_n, offs_d, dmask, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Online-softmax update over keys [lo, hi) for rows that see exactly the keys [first, last] (contiguous rows:
+    the extents are the mask, which is not read)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        allowed = (cols[None, :] >= first[:, None]) & (cols[None, :] <= last[:, None])
+        acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, cols < kv_len,
+                                     allowed, offs_d, dmask, qk_scale, INPUT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attend_contiguous_rows(
+    acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, row_on, kv_len, qk_scale, q_pos,
+    offs_n, offs_d, dmask, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """A tile whose active rows each see one contiguous key range: the key blocks every active row sees in full run
+    unmasked (for a causal mask: all keys below the tile's first position), the blocks before and after them with the
+    range predicate."""
+    lo = (tl.min(tl.where(row_on, first, kv_len), 0) // BLOCK_N) * BLOCK_N
+    hi = tl.max(tl.where(row_on, last, -1), 0) + 1
+    inner_lo = tl.cdiv(tl.max(tl.where(row_on, first, 0), 0), BLOCK_N) * BLOCK_N
+    inner_hi = ((tl.min(tl.where(row_on, last, kv_len - 1), 0) + 1) // BLOCK_N) * BLOCK_N
+    mid_lo = tl.minimum(tl.maximum(inner_lo, lo), hi)
+    mid_hi = tl.maximum(mid_lo, inner_hi)
+    acc, l_i, m_i = _attend_key_extents(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, lo,
+                                        mid_lo, kv_len, qk_scale, offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION)
+    acc, l_i, m_i = _attend_key_range(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, mid_lo, mid_hi,
+                                      kv_len, qk_scale, offs_n, offs_d, dmask, False, False, EVEN_D, BLOCK_N,
+                                      INPUT_PRECISION)
+    acc, l_i, m_i = _attend_key_extents(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, mid_hi,
+                                        hi, kv_len, qk_scale, offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _prefill_kernel(
     Q, K, V, O, ORDER, COUNT, AMASK, EXT,
     stride_qb, stride_qh, stride_qt,
@@ -120,7 +170,7 @@ def _prefill_kernel(
     stride_eb, stride_eh, stride_et,
     num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # largest positions first
     bh = tl.program_id(1)
@@ -143,37 +193,53 @@ def _prefill_kernel(
 
     tile_start = pid_m * BLOCK_M
     if tile_start >= count:
-        # Every row of this tile is inactive for this group: write zeros, read nothing else.
-        tl.store(o_ptrs, tl.zeros([BLOCK_M, BLOCK_D], dtype=O.dtype.element_ty), mask=store_mask)
+        # Every row of this tile is inactive for this group: write zeros, read nothing else (the mask-tile pass of an
+        # explicit mask leaves them to the first pass).
+        if not TILE_MASK:
+            tl.store(o_ptrs, tl.zeros([BLOCK_M, BLOCK_D], dtype=O.dtype.element_ty), mask=store_mask)
     else:
-        q_ptrs = Q + b.to(tl.int64) * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_qt + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=store_mask, other=0.0)
-        k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
-        v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
+        row_on = offs_m < count
         offset = kv_len - q_len
         q_pos = rows + offset
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        if HAS_AMASK:
-            row_on = offs_m < count
+        mine = True
+        if HAS_AMASK:  # contiguous tiles belong to the first pass, the others to the mask-tile pass
             ext = EXT + b.to(tl.int64) * stride_eb + h * stride_eh + rows.to(tl.int64) * stride_et
-            lo = (tl.min(tl.load(ext, mask=row_on, other=kv_len), 0) // BLOCK_N) * BLOCK_N
-            hi = tl.max(tl.load(ext + 1, mask=row_on, other=-1), 0) + 1
-            am_rows = AMASK + b.to(tl.int64) * stride_ab + h * stride_ah + rows.to(tl.int64) * stride_at
-            acc, l_i, m_i = _attend_masked_keys(
-                acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, lo, hi, kv_len,
-                qk_scale, offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION,
-            )
-        else:
-            acc, l_i, m_i = _attend_plain(
-                acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, order_base, tile_start, count, offset,
-                kv_len, qk_scale, offs_n, offs_d, dmask, IS_CAUSAL, EVEN_D, BLOCK_M, BLOCK_N, INPUT_PRECISION,
-            )
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        active = offs_m < count
-        out = tl.where(active[:, None], out, 0.0)
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=store_mask)
+            contiguous = tl.min(tl.load(ext + 2, mask=row_on, other=1), 0) != 0
+            mine = contiguous != TILE_MASK
+        if mine:
+            q_ptrs = Q + b.to(tl.int64) * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_qt \
+                + offs_d[None, :]
+            q = tl.load(q_ptrs, mask=store_mask, other=0.0)
+            k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
+            v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
+            m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            if HAS_AMASK:
+                first = tl.load(ext, mask=row_on, other=kv_len)
+                last = tl.load(ext + 1, mask=row_on, other=-1)
+                if TILE_MASK:
+                    lo = (tl.min(first, 0) // BLOCK_N) * BLOCK_N
+                    hi = tl.max(last, 0) + 1
+                    am_rows = AMASK + b.to(tl.int64) * stride_ab + h * stride_ah + rows.to(tl.int64) * stride_at
+                    acc, l_i, m_i = _attend_masked_keys(
+                        acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, lo, hi,
+                        kv_len, qk_scale, offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION,
+                    )
+                else:
+                    acc, l_i, m_i = _attend_contiguous_rows(
+                        acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, row_on, kv_len,
+                        qk_scale, q_pos, offs_n, offs_d, dmask, EVEN_D, BLOCK_N, INPUT_PRECISION,
+                    )
+            else:
+                acc, l_i, m_i = _attend_plain(
+                    acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, order_base, tile_start, count,
+                    offset, kv_len, qk_scale, offs_n, offs_d, dmask, IS_CAUSAL, EVEN_D, BLOCK_M, BLOCK_N,
+                    INPUT_PRECISION,
+                )
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            out = tl.where(row_on[:, None], out, 0.0)
+            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
@@ -280,7 +346,9 @@ def launch_prefill(
             "INPUT_PRECISION": precision}
     cfg = config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size())
     grid = (triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads)
-    _prefill_kernel[grid](*args, **meta, **cfg)
+    _prefill_kernel[grid](*args, **meta, TILE_MASK=False, **cfg)
+    if amask is not None:  # tiles with a row that is not one contiguous key range (its programs exit at once otherwise)
+        _prefill_kernel[grid](*args, **meta, TILE_MASK=True, **cfg)
 
 
 def group_attention_prefill(

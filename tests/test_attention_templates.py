@@ -263,6 +263,14 @@ def attn_mask_of(kind: str, batch: int, hq: int, q_len: int, kv_len: int, gen: t
         m = torch.rand(batch, hq, q_len, kv_len, generator=gen) < 0.4
         m[..., 0] = True
         return m
+    if kind == "left_padded_cache":  # per-sequence left padding inside a static cache: contiguous rows, first > 0
+        pad = torch.tensor([0, 45, 7])[:batch]
+        keys = torch.arange(kv_len)
+        return static_cache_mask(batch, q_len, kv_len, start=kv_len - q_len) & (keys >= pad[:, None, None, None])
+    if kind == "holes_in_later_rows":  # rows of the first half contiguous, of the second half not: both passes run
+        m = static_cache_mask(batch, q_len, kv_len, start=kv_len - q_len).clone()
+        m[:, :, q_len // 2:, 3::5] = False
+        return m
     if kind == "padding_2d":  # [T, S] broadcast; row 0 sees nothing (its output must be 0, as SDPA's math path)
         m = torch.rand(q_len, kv_len, generator=gen) < 0.6
         m[0] = False
@@ -275,6 +283,10 @@ MASKED_CASES = [
     (2, 4, 2, 2, 37, 130, 32, torch.float32, "random", "static_cache", None),
     (1, 4, 1, 2, 40, 70, 16, torch.float16, "clustered", "random_per_head", None),
     (2, 4, 2, 4, 33, 64, 32, torch.float32, "all", "padding_2d", None),
+    # the extents pass's unmasked interior (key blocks every row of a tile sees), before / after it the range predicate
+    (1, 4, 2, 2, 20, 200, 32, torch.float32, "random", "static_cache", None),
+    (3, 4, 2, 2, 70, 110, 16, torch.float16, "clustered", "left_padded_cache", None),
+    (2, 4, 2, 4, 70, 100, 32, torch.float32, "random", "holes_in_later_rows", None),
     (2, 4, 2, 2, 1, 130, 32, torch.float32, "random", "static_cache", 1),
     (2, 4, 2, 2, 3, 130, 32, torch.float32, "random", "static_cache", 4),  # split-KV: some chunks fully hidden
     (1, 4, 2, 4, 3, 70, 16, torch.float16, "all", "random_per_head", 3),
@@ -339,7 +351,10 @@ def test_mask_extents_match_reference(shape, kind):
     ext = attention_mask_extents.mask_extents(mask)
     assert torch.equal(ext, attention_mask_extents.mask_extents_reference(mask))
     if kind == "random":
-        assert ext[0, 0, 0].tolist() == [s, -1]
+        assert ext[0, 0, 0].tolist() == [s, -1, 1]  # sees nothing: an empty range counts as contiguous
+        assert (ext[..., 2] == 0).any()  # random rows have holes
+    if kind == "static_cache":
+        assert bool((ext[..., 2] == 1).all())  # causal rows: one range each
 
 
 def test_prefill_mask_broadcast_over_keys_and_queries():
