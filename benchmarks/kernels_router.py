@@ -1,9 +1,11 @@
-"""The fused router decision (``templates/router_mask.py``) vs the unfused PyTorch path, Llama-3-8B router shapes.
+"""The fused router decision (``templates/router_mask.py``) vs the unfused PyTorch path, Llama-3-8B and SmolLM2 router
+shapes.
 
-    python3 benchmarks/kernels_router.py --out benchmarks/results
+    python3 benchmarks/kernels_router.py --out benchmarks/results [--sweep-decode]
 
-A router maps ``x[M, 4096]`` (bf16 residual) to ``mask[M, G]`` (G = 8 attention groups, 112 FFN groups) through
-``h = x W_in^T + b_in`` (R = 32) and two logit columns per group. "unfused" is what the model runs without the
+A router maps ``x[M, H]`` (bf16 residual) to ``mask[M, G]`` through ``h = x W_in^T + b_in`` (R = 32) and two logit
+columns per group: Llama-3-8B H = 4096 with G = 8 attention groups and 112 FFN groups, SmolLM2-135M H = 576 with
+G = 3 and 12. "unfused" is what the model runs without the
 lowering (``router_mask_reference``: fp32 cast of x, cuBLAS fp32 GEMM / GEMV x2, compare: several kernels); "fused"
 is the template with its defaults (at M > 16 with bf16 x: W_in split in three bf16 parts on tensor cores, see the
 template's docstring); "fused fp32" forces its fp32 FMA path (``W_SPLIT3 = False``), the only path of the last
@@ -29,9 +31,11 @@ from kernels_linear import bench_graph  # noqa: E402
 from wide_compile.templates.router_mask import router_mask  # noqa: E402
 from wide_compile.templates.router_mask_reference import router_mask_reference  # noqa: E402
 
-HIDDEN, RANK = 4096, 32
+RANK = 32
+DEVICE = "cuda"
 TOKENS = (1, 2, 8, 32, 64, 256, 1024, 4096, 16384)
-GROUPS = (8, 112)
+SHAPES = ((4096, 8), (4096, 112), (576, 3), (576, 12))  # (H, G)
+DECODE_SWEEP = [dict(SPLIT=split, BLOCK_K=block_k) for split in (1, 2, 4, 8, 16, 32, 64) for block_k in (64, 128, 256)]
 VARIANTS = {
     "unfused": lambda x, w: router_mask_reference(x, *w),
     "fused": lambda x, w: router_mask(x, *w),
@@ -39,20 +43,24 @@ VARIANTS = {
 }
 
 
-def make_weights(groups: int, gen: torch.Generator) -> list[torch.Tensor]:
-    w_in = torch.randn(RANK, HIDDEN, generator=gen) / HIDDEN**0.5
+def make_weights(hidden: int, groups: int, gen: torch.Generator) -> list[torch.Tensor]:
+    w_in = torch.randn(RANK, hidden, generator=gen) / hidden**0.5
     b_in = torch.randn(RANK, generator=gen) * 0.1
     w_out = torch.randn(2 * groups, RANK, generator=gen) / RANK**0.5
     b_out = torch.zeros(2 * groups)
-    return [t.cuda() for t in (w_in, b_in, w_out, b_out)]
+    return [t.to(DEVICE) for t in (w_in, b_in, w_out, b_out)]
 
 
-def measure(m: int, groups: int, gen: torch.Generator) -> dict:
-    x_bytes = m * HIDDEN * 2
-    rotations = max(1, min(320, (150 << 20) // (x_bytes + RANK * HIDDEN * 4)))
-    xs = [torch.randn(m, HIDDEN, generator=gen).to("cuda", torch.bfloat16) for _ in range(rotations)]
-    ws = [make_weights(groups, gen) for _ in range(rotations)]
-    row = {"M": m, "G": groups, "rotations": rotations}
+def operands(m: int, hidden: int, groups: int, gen: torch.Generator) -> tuple[list, list]:
+    """Rotated copies of x and the router weights, >= 150 MB in all (at most 320 copies)."""
+    rotations = max(1, min(320, (150 << 20) // (m * hidden * 2 + RANK * hidden * 4)))
+    xs = [torch.randn(m, hidden, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(rotations)]
+    return xs, [make_weights(hidden, groups, gen) for _ in range(rotations)]
+
+
+def measure(m: int, hidden: int, groups: int, gen: torch.Generator) -> dict:
+    xs, ws = operands(m, hidden, groups, gen)
+    row = {"M": m, "H": hidden, "G": groups, "rotations": len(xs)}
     ref = router_mask_reference(xs[0], *ws[0])
     for name, fn in VARIANTS.items():
         row[f"{name}_us"] = bench_graph([lambda x=x, w=w, fn=fn: fn(x, w) for x, w in zip(xs, ws)])
@@ -61,32 +69,57 @@ def measure(m: int, groups: int, gen: torch.Generator) -> dict:
     return row
 
 
+def sweep_decode(gen: torch.Generator, tokens: tuple[int, ...] = (1, 2, 8)) -> list[dict]:
+    """The fused kernel's decode configurations (SPLIT programs over H, BLOCK_K) at few tokens, every router shape;
+    the unfused path's time beside each."""
+    rows = []
+    for hidden, groups in SHAPES:
+        for m in tokens:
+            xs, ws = operands(m, hidden, groups, gen)
+            base = bench_graph([lambda x=x, w=w: router_mask_reference(x, *w) for x, w in zip(xs, ws)])
+            for cfg in DECODE_SWEEP:
+                if cfg["SPLIT"] * cfg["BLOCK_K"] > 2 * hidden + cfg["BLOCK_K"]:
+                    continue  # the split would be clamped to a smaller one
+                us = bench_graph([lambda x=x, w=w: router_mask(x, *w, config=cfg) for x, w in zip(xs, ws)])
+                rows.append({"M": m, "H": hidden, "G": groups, **cfg, "fused_us": us, "unfused_us": base})
+            best = min((r for r in rows if (r["M"], r["H"], r["G"]) == (m, hidden, groups)), key=lambda r: r["fused_us"])
+            print(f"sweep H={hidden} G={groups} M={m}: unfused {base:.1f} us, best fused {best['fused_us']:.1f} us "
+                  f"(SPLIT {best['SPLIT']}, BLOCK_K {best['BLOCK_K']})", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--sweep-decode", action="store_true", help="also sweep the decode configurations at 1-8 "
+                        "tokens (kernels_router_sweep_decode.json)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for groups in GROUPS:
+    for hidden, groups in SHAPES:
         for m in TOKENS:
-            rows.append(measure(m, groups, gen))
+            rows.append(measure(m, hidden, groups, gen))
             r = rows[-1]
-            print(f"G={groups:4d} M={m:6d}  unfused {r['unfused_us']:8.1f}  fused {r['fused_us']:8.1f}  "
+            print(f"H={hidden:5d} G={groups:4d} M={m:6d}  unfused {r['unfused_us']:8.1f}  fused {r['fused_us']:8.1f}  "
                   f"fused_fp32 {r['fused_fp32_us']:8.1f} us  speedup {r['speedup']:.2f}x  "
                   f"differ {r['fused_differ']:.1e}", flush=True)
-    meta = {"command": "python3 benchmarks/kernels_router.py --out " + args.out, "gpu": torch.cuda.get_device_name(0),
+    command = "python3 benchmarks/kernels_router.py --out " + args.out + (" --sweep-decode" if args.sweep_decode else "")
+    meta = {"command": command, "gpu": torch.cuda.get_device_name(0),
             "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernels_router.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    lines = [f"# Fused router decision vs unfused PyTorch ops (H={HIDDEN}, R={RANK}, bf16 x, fp32 routers)", "",
+    if args.sweep_decode:
+        with open(os.path.join(args.out, "kernels_router_sweep_decode.json"), "w") as f:
+            json.dump({"meta": meta, "rows": sweep_decode(gen)}, f, indent=1)
+    lines = [f"# Fused router decision vs unfused PyTorch ops (R={RANK}, bf16 x, fp32 routers)", "",
              f"GPU: {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}; {meta['date']}", "",
              f"Command: `{meta['command']}`", "", __doc__.split("\n\n", 2)[2].strip(), "",
-             "| G | M | unfused µs | fused µs | fused fp32 µs | speed-up | decisions differ |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['G']} | {r['M']} | {r['unfused_us']:.1f} | {r['fused_us']:.1f} | {r['fused_fp32_us']:.1f} | "
+             "| H | G | M | unfused µs | fused µs | fused fp32 µs | speed-up | decisions differ |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['H']} | {r['G']} | {r['M']} | {r['unfused_us']:.1f} | {r['fused_us']:.1f} | {r['fused_fp32_us']:.1f} | "
               f"{r['speedup']:.2f}x | {r['fused_differ']:.1e} |" for r in rows]
     with open(os.path.join(args.out, "kernels_router.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
