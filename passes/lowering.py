@@ -21,8 +21,9 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
    anyway; the templates skip their K/V reads and FLOPs, and key blocks the mask hides). Additive float masks and
    eager ``softmax(QK^T)V`` keep the core as it is (``attention_core_lowering``). The output projection after a
    lowered core gets ``x_is_masked=True`` (its input already has those zeros).
-5. Router decisions at inference (no noise, no gradient), for 2-64 tokens: ``threshold_gate(router_logits(...))``
-   -> ``wide::router_mask`` (``router_lowering``; the ``wide.fuse_routers`` backend option).
+5. Router decisions at inference (no noise, no gradient), where ``router_mask_op.fused_for`` says it pays:
+   ``threshold_gate(router_logits(...))`` -> ``wide::router_mask`` (``router_lowering``; the ``wide.fuse_routers``
+   backend option).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result

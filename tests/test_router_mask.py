@@ -276,9 +276,10 @@ def test_inference_graph_lowers_every_router(dtype):
 
 @pytest.mark.parametrize("batch, tokens, fused", [(1, 1, False), (2, 7, True), (8, 8, True), (5, 13, False)])
 def test_router_fusion_follows_the_measured_token_range(batch, tokens, fused):
-    """Static shapes: routers are fused for 2-64 tokens (faster there on the H200), kept unfused at 1 token and above
-    64 (silently: the unfused ops are the faster path there); ``wide.fuse_routers=False`` keeps them all; the option
-    must be a bool."""
+    """Static shapes, fp32 model: routers are fused for 2-64 tokens (faster there on the H200), kept unfused at 1
+    token and above 64 (silently: the unfused ops are the faster path there); ``wide.fuse_routers=False`` keeps them
+    all; the option must be a bool. (A 16-bit x above 64 tokens: ``test_op_runs_the_kernel_only_in_the_token_range``
+    and ``fused_for``.)"""
     model = tiny_wide_llama()
     ids = torch.randint(3, 120, (batch, tokens))
     for option in (True, False):
@@ -298,7 +299,8 @@ def test_router_fusion_follows_the_measured_token_range(batch, tokens, fused):
 
 
 def test_op_runs_the_kernel_only_in_the_token_range(monkeypatch):
-    """On CUDA (here: the registered CUDA implementation called directly) outside 2-64 tokens the reference runs."""
+    """On CUDA (here: the registered CUDA implementation called directly) the kernel runs for 2-64 tokens, and above
+    64 for a 16-bit x (tensor-core path); otherwise the reference runs."""
     from wide_compile import router_mask_op
 
     calls = []
@@ -306,11 +308,12 @@ def test_op_runs_the_kernel_only_in_the_token_range(monkeypatch):
 
     monkeypatch.setattr(template, "router_mask", lambda *a, **k: calls.append(a[0].shape) or router_mask_reference(*a))
     weights = router_weights(64, 16, 4, seed=3)
-    for shape in ((1, 64), (2, 64), (4, 16, 64), (5, 13, 64)):
-        x = tokens(shape, torch.float32, seed=4)
+    for shape, dtype in (((1, 64), torch.float32), ((2, 64), torch.float32), ((4, 16, 64), torch.float32),
+                         ((5, 13, 64), torch.float32), ((5, 13, 64), torch.bfloat16), ((1, 64), torch.bfloat16)):
+        x = tokens(shape, dtype, seed=4)
         out = router_mask_op.router_mask_kernel(x, *weights)
         assert torch.equal(out, router_mask_reference(x, *weights))
-    assert calls == [(2, 64), (4, 16, 64)]
+    assert calls == [(2, 64), (4, 16, 64), (5, 13, 64)]
 
 
 def test_graphs_needing_gradients_keep_the_routers():

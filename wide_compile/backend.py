@@ -38,7 +38,8 @@ Arguments that reach the backend:
   ``"wide.rewrite"`` (bool, default True: run the rewrites), ``"wide.inner"`` (``"inductor"`` default,
   ``"aot_eager"`` or ``"eager"``: what compiles the rewritten graph; the last two are for debugging / fast tests)
   and ``"wide.fuse_routers"`` (bool, default True: lower inference router decisions to the one-launch
-  ``wide::router_mask`` kernel for 2-64 tokens, where it measured faster on the H200; False keeps them unfused).
+  ``wide::router_mask`` kernel where it measured faster on the H200: 2-64 tokens, and more for a bf16 / fp16
+  residual; False keeps them unfused).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
   options (``torch._inductor.list_mode_options(mode)``).
 - ``dynamic=`` of ``torch.compile`` acts in Dynamo and needs nothing here.
