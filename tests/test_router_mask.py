@@ -274,13 +274,14 @@ def test_inference_graph_lowers_every_router(dtype):
     assert 0 < rates.rates()[(0, "mlp")] < 1  # the routers really decide both ways
 
 
-@pytest.mark.parametrize("batch, tokens, fused", [(1, 1, False), (2, 7, True), (8, 8, True), (5, 13, False)])
-def test_router_fusion_follows_the_measured_token_range(batch, tokens, fused):
-    """Static shapes, fp32 model: routers are fused for 2-64 tokens (faster there on the H200), kept unfused at 1
-    token and above 64 (silently: the unfused ops are the faster path there); ``wide.fuse_routers=False`` keeps them
-    all; the option must be a bool. (A 16-bit x above 64 tokens: ``test_op_runs_the_kernel_only_in_the_token_range``
-    and ``fused_for``.)"""
-    model = tiny_wide_llama()
+@pytest.mark.parametrize("batch, tokens, dtype, fused", [(1, 1, torch.float32, False), (2, 7, torch.float32, True),
+                                                        (8, 8, torch.float32, True), (5, 13, torch.float32, False),
+                                                        (5, 13, torch.bfloat16, True), (1, 1, torch.bfloat16, False)])
+def test_router_fusion_follows_the_measured_token_range(batch, tokens, dtype, fused):
+    """Static shapes: routers are fused for 2-64 tokens (faster there on the H200), and above 64 for a bf16 model
+    (tensor-core path), kept unfused at 1 token and above 64 in fp32 (silently: the unfused ops are the faster path
+    there); ``wide.fuse_routers=False`` keeps them all; the option must be a bool."""
+    model = tiny_wide_llama(dtype)
     ids = torch.randint(3, 120, (batch, tokens))
     for option in (True, False):
         torch._dynamo.reset()
