@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"also measure {ALL_ACTIVE}: the WIDE model compiled with every group forced to execute (the "
                         "same lowered kernels, no routers, no skipping), which separates what width pruning gains "
                         "from what the kernels gain over the dense model's own ops (e.g. its attention)")
+    p.add_argument("--wide-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a wide backend option for the WIDE variants, e.g. wide.one_token_routers=reduction "
+                        "(repeatable; true / false become bools)")
     p.add_argument("--profile", action="store_true",
                    help="profile 10 decode steps per batch size and 2 prefills per length (top CUDA kernels)")
     p.add_argument("--seed", type=int, default=0)
@@ -122,6 +125,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.mode = None if (args.mode or "none").lower() in ("none", "") or args.device.type != "cuda" else args.mode
     args.inner = args.inner or ("inductor" if args.device.type == "cuda" else "aot_eager")
     args.dynamic = {"true": True, "false": False, "auto": None}[args.dynamic]
+    args.wide_options = {}
+    for item in args.wide_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("wide."):
+            p.error(f"--wide-option takes wide.KEY=VALUE, got {item!r}")
+        args.wide_options[key] = {"true": True, "false": False}.get(value.lower(), value)
     if args.decode_steps < 1 or args.prefill_runs < 1 or args.kv_slots < 8:
         p.error("--decode-steps and --prefill-runs must be >= 1, --kv-slots >= 8")
     return args
@@ -356,7 +365,7 @@ def run_stage(run: Run, kind: str, variant: str, shapes: list[int]) -> None:
     try:
         with time_limit(limit, name), torch.no_grad(), forced_for(model, variant):
             fn = compile_variant(model, "dense" if variant == "dense" else "wide", args.mode, args.inner,
-                                 args.dynamic)
+                                 args.dynamic, args.wide_options)
             for i, shape in enumerate(shapes):
                 if i > 0 and run.budget.left() < 5:
                     run.result(kind, shape)[variant] = {"skipped": "time budget"}
@@ -548,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                       *argv]),
         "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "settings": {"model": args.model, "device": str(args.device), "dtype": str(dtype), "mode": args.mode,
-                     "inner": args.inner, "dynamic": args.dynamic, "sparsity": args.sparsity,
+                     "wide_options": args.wide_options, "inner": args.inner, "dynamic": args.dynamic, "sparsity": args.sparsity,
                      "prefill": args.prefill, "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
                      "prefill_runs": args.prefill_runs, "kv_slots": args.kv_slots, "budget_s": args.budget_s,
                      "stage_timeout_s": args.stage_timeout_s, "seed": args.seed,

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels_linear import bench_graph  # noqa: E402
 
 from wide_compile.templates.router_mask import router_mask  # noqa: E402
-from wide_compile.templates.router_mask_reference import router_mask_reference  # noqa: E402
+from wide_compile.templates.router_mask_reference import router_mask_reduction, router_mask_reference  # noqa: E402
 
 RANK = 32
 DEVICE = "cuda"
@@ -71,20 +71,28 @@ def measure(m: int, hidden: int, groups: int, gen: torch.Generator) -> dict:
 
 def sweep_decode(gen: torch.Generator, tokens: tuple[int, ...] = (1, 2, 8)) -> list[dict]:
     """The fused kernel's decode configurations (SPLIT programs over H, BLOCK_K) at few tokens, every router shape;
-    the unfused path's time beside each."""
+    beside each, the unfused path eagerly and both PyTorch forms compiled by Inductor as the model's graph would run
+    them (``unfused_compiled``: the matmul form; ``reduction_compiled``: ``router_mask_reduction``, the backend's
+    ``wide.one_token_routers="reduction"``)."""
     rows = []
+    compiled = {"unfused_compiled_us": torch.compile(router_mask_reference, dynamic=False),
+                "reduction_compiled_us": torch.compile(router_mask_reduction, dynamic=False)}
     for hidden, groups in SHAPES:
         for m in tokens:
             xs, ws = operands(m, hidden, groups, gen)
             base = bench_graph([lambda x=x, w=w: router_mask_reference(x, *w) for x, w in zip(xs, ws)])
+            forms = {name: bench_graph([lambda x=x, w=w, fn=fn: fn(x, *w) for x, w in zip(xs, ws)])
+                     for name, fn in compiled.items()}
             for cfg in DECODE_SWEEP:
                 if cfg["SPLIT"] * cfg["BLOCK_K"] > 2 * hidden + cfg["BLOCK_K"]:
                     continue  # the split would be clamped to a smaller one
                 us = bench_graph([lambda x=x, w=w: router_mask(x, *w, config=cfg) for x, w in zip(xs, ws)])
-                rows.append({"M": m, "H": hidden, "G": groups, **cfg, "fused_us": us, "unfused_us": base})
+                rows.append({"M": m, "H": hidden, "G": groups, **cfg, "fused_us": us, "unfused_us": base, **forms})
             best = min((r for r in rows if (r["M"], r["H"], r["G"]) == (m, hidden, groups)), key=lambda r: r["fused_us"])
-            print(f"sweep H={hidden} G={groups} M={m}: unfused {base:.1f} us, best fused {best['fused_us']:.1f} us "
-                  f"(SPLIT {best['SPLIT']}, BLOCK_K {best['BLOCK_K']})", flush=True)
+            print(f"sweep H={hidden} G={groups} M={m}: unfused {base:.1f} us (compiled "
+                  f"{forms['unfused_compiled_us']:.1f}, reduction form compiled {forms['reduction_compiled_us']:.1f}), "
+                  f"best fused {best['fused_us']:.1f} us (SPLIT {best['SPLIT']}, BLOCK_K {best['BLOCK_K']})",
+                  flush=True)
     return rows
 
 

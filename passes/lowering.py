@@ -206,17 +206,18 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
             result.generic.append(f"{mask_node.name}: kept, its value feeds {users} ({why})")
 
 
-def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True) -> LoweringResult:
+def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
+                        one_token_routers: str = "unfused") -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
     ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the
-    token count is in the range where it measured faster (``passes/router_lowering.py``)."""
+    token count is in the range where it measured faster, and one-token decisions as ``one_token_routers`` says
+    (``passes/router_lowering.py``)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:
-        routers, router_reasons = lower_router_decisions(gm.graph)  # noise-free decisions -> wide::router_mask
-        if routers:
-            result.lowered["router_mask"] = routers
+        routers, router_reasons = lower_router_decisions(gm.graph, one_token_routers)  # noise-free decisions
+        result.lowered.update(routers)
         result.generic.extend(router_reasons)
     attention, reasons = lower_attention_queries(gm.graph, skip)  # first: it reads the attention group_masks
     result.lowered.update(attention)

@@ -18,6 +18,10 @@ Lowered only where the result is the same, nothing needs a gradient and it pays:
 - ``fused_for(tokens, x dtype)`` (``wide_compile.router_mask_op``: where the kernel measured faster on the H200) or
   the token count is not static (dynamic shapes: the op decides per call); otherwise the gate is left as it is
   without a reason (a speed choice).
+With ``one_token="reduction"`` a decision of exactly one token (static shapes) becomes
+``router_mask_reduction(x, ...)`` instead (``templates/router_mask_reference.py``: broadcast multiplies and sums that
+Inductor fuses into two reduction kernels, where the matmul form runs about five); the default ``"unfused"`` keeps
+one token as it is (the measured-faster choice until the reduction form is measured).
 Gates with Gumbel noise (training) or ``topk_gate`` are not this pattern and are left without a reason. Inside
 autocast regions the rewrite is still exact: ``router_logits`` turns autocast off and the op ignores it.
 """
@@ -29,11 +33,13 @@ import torch
 from torch import fx
 
 from wide_compile.router_mask_op import fused_for  # (importing it registers wide::router_mask)
+from wide_compile.templates.router_mask_reference import router_mask_reduction
 
 from .torch_patterns import arg, example_value, wide_op_name
 
 CAST_METHODS = ("to", "float")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ONE_TOKEN_FORMS = ("unfused", "reduction")  # how a one-token decision is computed (see module docstring)
 ROUTER_ARGS = ("x", "w_in", "b_in", "w_out", "b_out")  # wide::router_logits' schema
 
 
@@ -87,10 +93,14 @@ def _static_tokens(logits_value) -> int | None:
     return math.prod(sizes) if all(isinstance(d, int) for d in sizes) else None
 
 
-def lower_router_decisions(graph: fx.Graph) -> tuple[int, list[str]]:
+def lower_router_decisions(graph: fx.Graph, one_token: str = "unfused") -> tuple[dict[str, int], list[str]]:
     """Rewrite every noise-free ``threshold_gate(router_logits(...))`` of ``graph`` in place (see module docstring);
-    returns (number lowered, ``"node: reason"`` for each noise-free gate kept)."""
-    lowered, reasons = 0, []
+    returns ({"router_mask" / "router_reduction": number inserted}, ``"node: reason"`` for each noise-free gate
+    kept)."""
+    if one_token not in ONE_TOKEN_FORMS:
+        raise ValueError(f"one-token router form must be one of {ONE_TOKEN_FORMS}, got {one_token!r}")
+    lowered: dict[str, int] = {}
+    reasons = []
     for gate in [n for n in graph.nodes if wide_op_name(n) == "threshold_gate"]:
         if arg(gate, 1, "noise") is not None:
             continue  # training: Gumbel noise and a straight-through gradient
@@ -101,17 +111,21 @@ def lower_router_decisions(graph: fx.Graph) -> tuple[int, list[str]]:
             continue
         xc, w_in, b_in, w_out, b_out = (arg(logits, i, name) for i, name in enumerate(ROUTER_ARGS))
         x = _uncast_input(xc, example_value(logits).dtype)
-        if not _pays(logits, x):
+        if one_token == "reduction" and _static_tokens(example_value(logits)) == 1:
+            target, name = router_mask_reduction, "router_reduction"
+        elif _pays(logits, x):
+            target, name = torch.ops.wide.router_mask.default, "router_mask"
+        else:
             continue  # a speed choice, not a fallback: the unfused ops are the faster path at this size
         with graph.inserting_before(gate):
-            new = graph.call_function(torch.ops.wide.router_mask.default, (x, w_in, b_in, w_out, b_out))
+            new = graph.call_function(target, (x, w_in, b_in, w_out, b_out))
         new.meta = dict(gate.meta)
         gate.replace_all_uses_with(new)
         graph.erase_node(gate)
         graph.erase_node(logits)
         if x is not xc and not xc.users:
             graph.erase_node(xc)
-        lowered += 1
+        lowered[name] = lowered.get(name, 0) + 1
     return lowered, reasons
 
 

@@ -299,6 +299,43 @@ def test_router_fusion_follows_the_measured_token_range(batch, tokens, dtype, fu
         wide_compile.backend.parse_settings(None, {"wide.fuse_routers": 1})
 
 
+@pytest.mark.parametrize("x_dtype, lead", [(torch.float32, (1,)), (torch.bfloat16, (1, 1)), (torch.float16, (3,))])
+def test_reduction_form_equals_the_reference(x_dtype, lead):
+    """``router_mask_reduction`` (multiplies and sums, for one token under Inductor): decisions equal the matmul
+    reference except on near-ties, eagerly and compiled; it checks its arguments like the reference."""
+    from wide_compile.templates.router_mask_reference import router_mask_reduction
+
+    for seed in range(4):
+        x = tokens((*lead, 300), x_dtype, seed=seed)
+        weights = router_weights(300, 32, 40, seed=seed)
+        assert_decisions_match(router_mask_reduction(x, *weights), x, *weights)
+    compiled = torch.compile(router_mask_reduction, backend="aot_eager", dynamic=False)
+    assert_decisions_match(compiled(x, *weights), x, *weights)
+    with pytest.raises(ValueError, match="w_in is"):
+        router_mask_reduction(x, weights[0][:, :299], *weights[1:])
+
+
+@pytest.mark.parametrize("form, expected", [("unfused", {}), ("reduction", {"router_reduction": 4})])
+def test_one_token_router_form_option(form, expected):
+    """``wide.one_token_routers``: one-token decisions stay unfused by default, become the reduction form on request
+    (logits equal eager); at 2+ tokens the option changes nothing; a bad value is a clear error."""
+    model = tiny_wide_llama()
+    for batch, tokens_, lowered in ((1, 1, expected), (2, 5, {"router_mask": 4})):
+        torch._dynamo.reset()
+        wide_compile.backend.reset_compile_report()
+        options = {"wide.inner": "eager", "wide.one_token_routers": form}
+        ids = torch.randint(3, 120, (batch, tokens_))
+        with torch.no_grad():
+            actual = torch.compile(model, backend="wide", options=options)(ids, use_cache=False).logits
+            expected_logits = model(ids, use_cache=False).logits
+        assert torch.equal(actual, expected_logits)
+        (graph,) = wide_compile.compile_report(model).graphs
+        assert {k: v for k, v in graph.lowered.items() if k.startswith("router")} == lowered
+        assert wide_op_names(graph.graph_module.graph).get("router_logits", 0) == (0 if lowered else 4)
+    with pytest.raises(ValueError, match="'wide.one_token_routers' must be one of"):
+        wide_compile.backend.parse_settings(None, {"wide.one_token_routers": "fast"})
+
+
 def test_op_runs_the_kernel_only_in_the_token_range(monkeypatch):
     """On CUDA (here: the registered CUDA implementation called directly) the kernel runs for 2-64 tokens, and above
     64 for a 16-bit x (tensor-core path); otherwise the reference runs."""

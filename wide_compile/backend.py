@@ -39,7 +39,9 @@ Arguments that reach the backend:
   ``"aot_eager"`` or ``"eager"``: what compiles the rewritten graph; the last two are for debugging / fast tests)
   and ``"wide.fuse_routers"`` (bool, default True: lower inference router decisions to the one-launch
   ``wide::router_mask`` kernel where it measured faster on the H200: 2-64 tokens, and more for a bf16 / fp16
-  residual; False keeps them unfused).
+  residual; False keeps them unfused) and ``"wide.one_token_routers"`` (``"unfused"`` default: a one-token decision
+  stays cuBLAS GEMVs; ``"reduction"``: broadcast multiplies and sums that Inductor fuses into two kernels; not yet
+  measured on the GPU, hence not the default).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
   options (``torch._inductor.list_mode_options(mode)``).
 - ``dynamic=`` of ``torch.compile`` acts in Dynamo and needs nothing here.
@@ -65,7 +67,7 @@ __all__ = ["BACKEND_NAME", "WideBackendWarning", "compile_report", "reset_compil
 
 BACKEND_NAME = "wide"
 INNER_COMPILERS = ("inductor", "aot_eager", "eager")
-_OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers")
+_OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers", "wide.one_token_routers")
 
 
 class WideBackendWarning(UserWarning):
@@ -78,6 +80,7 @@ class BackendSettings:
     inner: str = "inductor"
     inductor_options: dict = field(default_factory=dict)
     fuse_routers: bool = True
+    one_token_routers: str = "unfused"
 
 
 def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
@@ -94,6 +97,12 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     for name, value in (("wide.rewrite", rewrite), ("wide.fuse_routers", fuse_routers)):
         if not isinstance(value, bool):
             raise ValueError(f"wide backend: option {name!r} must be a bool, got {value!r}")
+    from wide_compile.passes.router_lowering import ONE_TOKEN_FORMS
+
+    one_token = own.get("wide.one_token_routers", "unfused")
+    if one_token not in ONE_TOKEN_FORMS:
+        raise ValueError(f"wide backend: option 'wide.one_token_routers' must be one of {ONE_TOKEN_FORMS}, got "
+                         f"{one_token!r}")
     if inner not in INNER_COMPILERS:
         raise ValueError(f"wide backend: option 'wide.inner' must be one of {INNER_COMPILERS}, got {inner!r}")
     modes = list_mode_options()
@@ -105,7 +114,8 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     bad = sorted(k for k in options if k not in known)
     if bad:
         raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
-    return BackendSettings(rewrite, inner, {**list_mode_options(mode or "default"), **options}, fuse_routers)
+    return BackendSettings(rewrite, inner, {**list_mode_options(mode or "default"), **options}, fuse_routers,
+                           one_token)
 
 
 _warned_plain = False
@@ -151,7 +161,8 @@ def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None 
     if not wide_ops:
         _warn_plain_once()
     rewrite = settings.rewrite and wide_ops
-    result = lower_wide_patterns(gm, fuse_routers=settings.fuse_routers) if rewrite else LoweringResult()
+    result = (lower_wide_patterns(gm, fuse_routers=settings.fuse_routers, one_token_routers=settings.one_token_routers)
+              if rewrite else LoweringResult())
     compiled = _inner_compile(gm, example_inputs, settings)
     compile_id = torch._guards.CompileContext.current_compile_id()
     code, graph_break = _where(gm)
