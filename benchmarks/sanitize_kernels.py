@@ -1,0 +1,140 @@
+"""Every Triton template once on ragged shapes, for ``compute-sanitizer`` (issue 4: no out-of-bounds access).
+
+    compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/sanitize_kernels.py
+    compute-sanitizer --tool racecheck --error-exitcode 3 python3 benchmarks/sanitize_kernels.py --quick
+
+Shapes are small and ragged (token counts, N, K, head counts and key lengths that are not multiples of any tile), so
+the masked edges of every kernel run; the same case also checks the result against the PyTorch reference (a
+sanitizer run that computes garbage would be no check). Paths: the decode GEMVs (split-K), the prefill GEMMs with
+token reordering, the fused gate/up, the input-group GEMM, the router decision (decode split, tensor-core split),
+mask extents, and attention prefill (causal, explicit mask: both passes) and decode (split-KV, explicit mask).
+Prints one line per case and exits 1 if a result is wrong (compute-sanitizer's own exit code reports accesses).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from wide_compile.templates import (
+    gated_up_groups, gated_up_groups_reference, group_attention_decode, group_attention_prefill,
+    group_attention_reference, input_group_linear, input_group_linear_reference, output_group_linear,
+    output_group_linear_reference,
+)
+from wide_compile.templates.attention_mask_extents import mask_extents, mask_extents_reference
+from wide_compile.templates.router_mask import router_mask
+from wide_compile.templates.router_mask_reference import router_logits_reference, router_mask_reference
+
+DT, DEVICE = torch.bfloat16, "cuda"  # --device cpu (TRITON_INTERPRET=1): float16, the interpreter's bf16 is wrong
+
+
+def _randn(*shape, gen):
+    return torch.randn(*shape, generator=gen, device=DEVICE).to(DT)
+
+
+def _rand(*shape, gen):
+    return torch.rand(*shape, generator=gen, device=DEVICE)
+
+
+def _close(name: str, got: torch.Tensor, ref: torch.Tensor, tol: float = 3e-2) -> bool:
+    err = (got.float() - ref.float()).abs().max().item() / max(1e-6, ref.float().abs().max().item())
+    ok = bool(torch.isfinite(got.float()).all()) and err <= tol
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: relative max error {err:.2e}", flush=True)
+    return ok
+
+
+def linear_cases(gen, tokens_list) -> list[bool]:
+    out = []
+    n, k, gs = 336, 400, 16  # 21 output / 25 input groups of 16; neither a multiple of the tiles
+    w = _randn(n, k, gen=gen) / k**0.5
+    wg, wu = _randn(n, k, gen=gen) / k**0.5, _randn(n, k, gen=gen) / k**0.5
+    wd = _randn(k, n, gen=gen) / n**0.5
+    for m in tokens_list:
+        x = _randn(m, k, gen=gen)
+        om = _rand(m, n // gs, gen=gen) < 0.5
+        out.append(_close(f"output_group_linear M={m}", output_group_linear(x, w, om, gs),
+                          output_group_linear_reference(x, w, om, gs)))
+        out.append(_close(f"gated_up_groups M={m}", gated_up_groups(x, wg, wu, om, gs),
+                          gated_up_groups_reference(x, wg, wu, om, gs)))
+        h = _randn(m, n, gen=gen)
+        for path in ("auto", "gemm") if m > 16 else ("auto",):
+            out.append(_close(f"input_group_linear M={m} path={path}", input_group_linear(h, wd, om, gs, path=path),
+                              input_group_linear_reference(h, wd, om, gs)))
+    return out
+
+
+def router_cases(gen, tokens_list) -> list[bool]:
+    out = []
+    h, r, g = 600, 20, 37
+    w_in = _randn(r, h, gen=gen).float() / h**0.5
+    b_in = _randn(r, gen=gen).float() * 0.1
+    w_out = _randn(2 * g, r, gen=gen).float() / r**0.5
+    b_out = _randn(2 * g, gen=gen).float() * 0.1
+    for m in tokens_list:
+        x = _randn(m, h, gen=gen)
+        for cfg in ({}, {"W_SPLIT3": True}, {"SPLIT": 3}):
+            mask = router_mask(x, w_in, b_in, w_out, b_out, config=cfg)
+            logits = router_logits_reference(x, w_in, b_in, w_out, b_out)
+            far = (logits[..., 1] - logits[..., 0]).abs() > 1e-3
+            ok = bool(((mask == router_mask_reference(x, w_in, b_in, w_out, b_out)) | ~far).all())
+            print(f"{'ok  ' if ok else 'FAIL'} router_mask M={m} {cfg}", flush=True)
+            out.append(ok)
+    return out
+
+
+def attention_cases(gen) -> list[bool]:
+    out = []
+    b, hq, hkv, d, groups = 2, 8, 2, 64, 4
+    for t, s in ((37, 37), (70, 133)):
+        q, k, v = _randn(b, hq, t, d, gen=gen), _randn(b, hkv, s, d, gen=gen), _randn(b, hkv, s, d, gen=gen)
+        hm = (_rand(b, t, groups, gen=gen) < 0.5).to(DT)
+        if t == s:
+            out.append(_close(f"prefill causal T={t}", group_attention_prefill(q, k, v, hm, causal=True),
+                              group_attention_reference(q, k, v, hm, causal=True)))
+        pos = torch.arange(t, device=DEVICE)[:, None] + (s - t)
+        amask = (torch.arange(s, device=DEVICE)[None, :] <= pos).expand(b, 1, t, s).clone()
+        amask[1, :, t // 2:, 5::7] = False  # holes in later rows of one sequence: both passes run
+        out.append(_close(f"prefill explicit mask T={t} S={s}",
+                          group_attention_prefill(q, k, v, hm, causal=False, attn_mask=amask),
+                          group_attention_reference(q, k, v, hm, causal=False, attn_mask=amask)))
+        ext = mask_extents(amask)
+        ok = torch.equal(ext, mask_extents_reference(amask))
+        print(f"{'ok  ' if ok else 'FAIL'} mask_extents T={t} S={s}", flush=True)
+        out.append(ok)
+    for t, s in ((1, 300), (3, 1000)):
+        q, k, v = _randn(b, hq, t, d, gen=gen), _randn(b, hkv, s, d, gen=gen), _randn(b, hkv, s, d, gen=gen)
+        hm = (_rand(b, t, groups, gen=gen) < 0.5).to(DT)
+        out.append(_close(f"decode causal T={t} S={s}", group_attention_decode(q, k, v, hm, causal=True, num_splits=3),
+                          group_attention_reference(q, k, v, hm, causal=True)))
+        amask = (torch.arange(s, device=DEVICE) < s - 77).expand(b, 1, t, s)  # unfilled static-cache slots
+        out.append(_close(f"decode explicit mask T={t} S={s}",
+                          group_attention_decode(q, k, v, hm, causal=False, num_splits=4, attn_mask=amask),
+                          group_attention_reference(q, k, v, hm, causal=False, attn_mask=amask)))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer token counts (racecheck is slow)")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (a check of this "
+                        "script, in float16)")
+    args = parser.parse_args()
+    global DT, DEVICE
+    DEVICE = args.device
+    if DEVICE == "cpu":
+        DT = torch.float16
+    elif not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1)")
+        return 2
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    tokens_list = (1, 70) if args.quick else (1, 5, 16, 70, 300)
+    results = linear_cases(gen, tokens_list) + router_cases(gen, tokens_list) + attention_cases(gen)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    print(f"{sum(results)} of {len(results)} results correct", flush=True)
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
