@@ -53,14 +53,13 @@ import torch  # noqa: E402
 
 import wide_compile  # noqa: E402
 from e2e_bounds import decode_byte_bound, prefill_flop_bound  # noqa: E402
-from e2e_models import (  # noqa: E402
-    MODELS, BenchModels, build_models, cache_bytes, clear_masks, fill_cache_random, forward_kwargs, new_static_cache,
-    set_cache_length, skip_rates, snapshot_masks,
-)
+from e2e_models import MODELS, BenchModels, build_models, clear_masks, skip_rates, snapshot_masks  # noqa: E402
 from e2e_timing import (  # noqa: E402
-    Budget, Clock, StageTimeout, compile_variant, configure_dynamo, diff_counts, dynamo_counts, fresh_compile_state,
-    is_oom, log, memory_gb, reset_peak, summary, time_limit, versions,
+    Budget, StageTimeout, compile_variant, configure_dynamo, diff_counts, dynamo_counts, fresh_compile_state, is_oom,
+    log, memory_gb, reset_peak, time_limit, versions,
 )
+
+from wide_compile.speed import Clock, DecodeRun, PrefillRun, set_cache_length, time_decode, time_prefill  # noqa: E402
 
 VARIANTS = ("dense", "wide")
 ALL_ACTIVE = "wide_all_active"  # --all-active: the WIDE model with every group forced on (its kernels, no pruning)
@@ -180,12 +179,6 @@ class Run:
 T_START = time.perf_counter()
 
 
-def _random_ids(run: Run, shape: tuple, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    vocab = run.models.dense.config.vocab_size
-    return torch.randint(0, vocab, shape, generator=generator).to(run.args.device)
-
-
 def model_of(run: Run, variant: str):
     """The model a variant runs: the dense one, or the WIDE twin (also for the all-active variant)."""
     return run.models.dense if variant == "dense" else run.models.wide
@@ -193,39 +186,21 @@ def model_of(run: Run, variant: str):
 
 def measure_prefill(run: Run, fn, variant: str, length: int) -> dict:
     model = model_of(run, variant)
-    slots = -(-(length + 16) // 64) * 64  # room for a few new tokens; a multiple of 64 keeps SDPA on fused kernels
-    cache = new_static_cache(model, 1, slots)
-    ids = _random_ids(run, (1, length), seed=length)
-    kwargs = forward_kwargs(model, cache)
-
-    def call(_: int = 0) -> None:
-        fn(input_ids=ids, **kwargs)
-
-    def rewind(_: int = 0) -> None:
-        set_cache_length(cache, 0)
-
-    rewind()
-    first_s = run.clock.wall(call)  # compilation (first shape of the stage) or a new shape's warm-up run
-    rewind()
-    second_s = run.clock.wall(call)  # CUDA-graph recording under reduce-overhead
-    rewind()
-    call()
-    times = run.clock.each(call, run.args.prefill_runs, before=rewind)
-    out = {"ttft": summary(times), "first_call_s": first_s, "second_call_s": second_s, "prompt": length,
-           "cache_slots": slots, "cache_gb": cache_bytes(cache) / 2**30}
+    prefill = PrefillRun(fn, model, length)
+    out = time_prefill(prefill, run.clock, run.args.prefill_runs)
     if variant == "wide":
-        rewind()
-        call()
+        prefill.rewind()
+        prefill.call()
         masks = snapshot_masks(model)
         out["skip_rates"] = skip_rates(masks)
         out["flop_bound"] = prefill_flop_bound(model, masks)
-        out["check_vs_eager"] = compare_with_eager(fn, model, ids, kwargs, rewind)
+        out["check_vs_eager"] = compare_with_eager(fn, model, prefill.ids, prefill.kwargs, prefill.rewind)
     elif variant == ALL_ACTIVE:  # the masks the forced graph realized: nothing skipped
-        rewind()
-        call()
+        prefill.rewind()
+        prefill.call()
         out["skip_rates"] = skip_rates(snapshot_masks(model))
     if run.args.profile:
-        out["profile"] = profile_steps(run, call, 0, cache, steps=2, rewind_each=True)
+        out["profile"] = profile_steps(run, prefill.call, 0, prefill.cache, steps=2, rewind_each=True)
     return out
 
 
@@ -258,42 +233,24 @@ def compare_with_eager(fn, model, ids: torch.Tensor, kwargs: dict, rewind) -> di
 
 
 def measure_decode(run: Run, fn, variant: str, batch: int) -> dict:
-    args = run.args
     model = model_of(run, variant)
-    slots, start = args.kv_slots, args.kv_slots // 2
-    steps = min(args.decode_steps, slots - start - 4)
-    cache = new_static_cache(model, batch, slots)
-    fill_cache_random(cache, seed=batch)
-    tokens = [t.clone() for t in _random_ids(run, (steps + 4, batch, 1), seed=1000 + batch)]
-    kwargs = forward_kwargs(model, cache)
-
-    def step(i: int) -> None:
-        fn(input_ids=tokens[i % len(tokens)], **kwargs)
-
-    set_cache_length(cache, start)
-    first_s = run.clock.wall(lambda: step(0))  # compilation or a new shape's warm-up run
-    second_s = run.clock.wall(lambda: step(1))  # CUDA-graph recording
-    step(2)
-    set_cache_length(cache, start)
-    times = run.clock.each(step, steps)
-    out = {"ms_per_step": summary(times), "tokens_per_s": batch * 1e3 / summary(times)["median_ms"],
-           "first_call_s": first_s, "second_call_s": second_s, "batch": batch, "cache_slots": slots,
-           "positions": [start, start + steps], "cache_gb": cache_bytes(cache) / 2**30}
+    decode = DecodeRun(fn, model, batch, run.args.kv_slots, run.args.decode_steps)
+    out = time_decode(decode, run.clock)
     if variant == "wide":
-        set_cache_length(cache, start)
+        decode.rewind()
         mask_steps = []
-        for i in range(min(16, steps)):
-            step(i)
+        for i in range(min(16, decode.steps)):
+            decode.step(i)
             mask_steps.append(snapshot_masks(model))
         merged = {k: torch.cat([m[k].reshape(-1, m[k].shape[-1]) for m in mask_steps]) for k in mask_steps[0]}
         out["skip_rates"] = skip_rates(merged)
-        out["byte_bound"] = decode_byte_bound(model, mask_steps, batch, slots)
+        out["byte_bound"] = decode_byte_bound(model, mask_steps, batch, decode.slots)
     elif variant == ALL_ACTIVE:
-        set_cache_length(cache, start)
-        step(0)
+        decode.rewind()
+        decode.step(0)
         out["skip_rates"] = skip_rates(snapshot_masks(model))
-    if args.profile:
-        out["profile"] = profile_steps(run, step, start, cache)
+    if run.args.profile:
+        out["profile"] = profile_steps(run, decode.step, decode.start, decode.cache)
     return out
 
 
@@ -557,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                                       *argv]),
         "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "settings": {"model": args.model, "device": str(args.device), "dtype": str(dtype), "mode": args.mode,
-                     "wide_options": args.wide_options, "inner": args.inner, "dynamic": args.dynamic, "sparsity": args.sparsity,
+                     "wide_options": args.wide_options, "inner": args.inner, "dynamic": args.dynamic,
+                     "sparsity": args.sparsity,
                      "prefill": args.prefill, "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
                      "prefill_runs": args.prefill_runs, "kv_slots": args.kv_slots, "budget_s": args.budget_s,
                      "stage_timeout_s": args.stage_timeout_s, "seed": args.seed,

@@ -1,7 +1,6 @@
 """Timing, time budget, stage time limits, memory and compile helpers for the end-to-end benchmark (``e2e.py``).
 
-- :class:`Clock`: CUDA events on a GPU (each call between two events, one synchronisation after the series),
-  ``time.perf_counter`` elsewhere; times in milliseconds.
+- (the clock and the timed runs are ``wide_compile.speed``'s)
 - :class:`Budget` + :func:`time_limit`: the run's wall-clock budget and a SIGALRM limit per stage, so that one slow
   compile is cut off and recorded instead of eating the whole run.
 - :func:`compile_variant`: ``torch.compile`` of the dense model (Inductor) or the WIDE model (``backend="wide"``)
@@ -14,11 +13,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import signal
-import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -63,54 +61,6 @@ class Budget:
 
     def left(self) -> float:
         return float("inf") if self.seconds is None else self.seconds - (time.perf_counter() - T0)
-
-
-class Clock:
-    """Times calls in ms: CUDA events on CUDA devices, perf_counter otherwise."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def wall(self, fn: Callable[[], object]) -> float:
-        """Seconds of one call including everything it waits for (compilation, the device)."""
-        self.sync()
-        start = time.perf_counter()
-        fn()
-        self.sync()
-        return time.perf_counter() - start
-
-    def each(self, fn: Callable[[int], object], n: int, before: Callable[[int], object] | None = None) -> list[float]:
-        """Milliseconds of ``fn(i)`` for i in range(n); ``before(i)`` runs outside the timed span."""
-        if not self.cuda:
-            times = []
-            for i in range(n):
-                if before is not None:
-                    before(i)
-                start = time.perf_counter()
-                fn(i)
-                times.append((time.perf_counter() - start) * 1e3)
-            return times
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        self.sync()
-        for i, (start, end) in enumerate(events):
-            if before is not None:
-                before(i)
-            start.record()
-            fn(i)
-            end.record()
-        torch.cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in events]
-
-
-def summary(times_ms: list[float]) -> dict:
-    ordered = sorted(times_ms)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"median_ms": statistics.median(ordered), "p10_ms": pick(0.1), "p90_ms": pick(0.9),
-            "min_ms": ordered[0], "n": len(ordered)}
 
 
 # ----------------------------------------------------------------------------------------------- memory

@@ -88,7 +88,8 @@ def sweep_decode(gen: torch.Generator, tokens: tuple[int, ...] = (1, 2, 8)) -> l
                     continue  # the split would be clamped to a smaller one
                 us = bench_graph([lambda x=x, w=w: router_mask(x, *w, config=cfg) for x, w in zip(xs, ws)])
                 rows.append({"M": m, "H": hidden, "G": groups, **cfg, "fused_us": us, "unfused_us": base, **forms})
-            best = min((r for r in rows if (r["M"], r["H"], r["G"]) == (m, hidden, groups)), key=lambda r: r["fused_us"])
+            best = min((r for r in rows if (r["M"], r["H"], r["G"]) == (m, hidden, groups)),
+                       key=lambda r: r["fused_us"])
             print(f"sweep H={hidden} G={groups} M={m}: unfused {base:.1f} us (compiled "
                   f"{forms['unfused_compiled_us']:.1f}, reduction form compiled {forms['reduction_compiled_us']:.1f}), "
                   f"best fused {best['fused_us']:.1f} us (SPLIT {best['SPLIT']}, BLOCK_K {best['BLOCK_K']})",
@@ -112,7 +113,7 @@ def main() -> None:
             print(f"H={hidden:5d} G={groups:4d} M={m:6d}  unfused {r['unfused_us']:8.1f}  fused {r['fused_us']:8.1f}  "
                   f"fused_fp32 {r['fused_fp32_us']:8.1f} us  speedup {r['speedup']:.2f}x  "
                   f"differ {r['fused_differ']:.1e}", flush=True)
-    command = "python3 benchmarks/kernels_router.py --out " + args.out + (" --sweep-decode" if args.sweep_decode else "")
+    command = f"python3 benchmarks/kernels_router.py --out {args.out}" + (" --sweep-decode" if args.sweep_decode else "")
     meta = {"command": command, "gpu": torch.cuda.get_device_name(0),
             "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -127,7 +128,8 @@ def main() -> None:
              f"Command: `{meta['command']}`", "", __doc__.split("\n\n", 2)[2].strip(), "",
              "| H | G | M | unfused µs | fused µs | fused fp32 µs | speed-up | decisions differ |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['H']} | {r['G']} | {r['M']} | {r['unfused_us']:.1f} | {r['fused_us']:.1f} | {r['fused_fp32_us']:.1f} | "
+    lines += [f"| {r['H']} | {r['G']} | {r['M']} | {r['unfused_us']:.1f} | {r['fused_us']:.1f} | "
+              f"{r['fused_fp32_us']:.1f} | "
               f"{r['speedup']:.2f}x | {r['fused_differ']:.1e} |" for r in rows]
     with open(os.path.join(args.out, "kernels_router.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -20,8 +20,8 @@ program would read latency-bound) every program stores its partial in a workspac
 counter; the last one to arrive sums the partials in a fixed order (deterministic), then runs the epilogue (``b_in``,
 both logit columns per group chunk, compare, store) and resets the counter. ``SPLIT`` (automatic by default) gives
 about 2 programs per SM: 32 at decode (H=4096, BLOCK_K=128), a few for mid-size M, and ``SPLIT = 1`` for large M
-(>= 2 token tiles per SM), where one program per token tile does everything. Workspace and counters are allocated per call (see ``gemv_decode._split_workspace``:
-cached buffers break CUDA-graph trees).
+(>= 2 token tiles per SM), where one program per token tile does everything. Workspace and counters are allocated
+per call (see ``gemv_decode._split_workspace``: cached buffers break CUDA-graph trees).
 
 R and G are padded to powers of two >= 16 with masked loads; H may be ragged. ``x`` is read in its own dtype
 (bf16 / fp16 / fp32) and cast to fp32 in registers (exact). Router weights in fp16 / bf16 (not the default) take the

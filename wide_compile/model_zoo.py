@@ -281,6 +281,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     cache_dir: str | os.PathLike | None = None,
+    with_tokenizer: bool = True,
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` in eval mode.
 
@@ -289,6 +290,7 @@ def load_model(
         dtype: e.g. ``"fp32"``, ``"bf16"`` or a :class:`torch.dtype`; ``None`` keeps the stored dtype.
         device: where to put the model (e.g. ``"cuda"``); ``None`` leaves it on the CPU.
         cache_dir: cache root for aliases (see :func:`cache_root`).
+        with_tokenizer: False skips the tokenizer (returned as None), for uses that need none (speed timing).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -310,7 +312,7 @@ def load_model(
         source, extra = name, {}  # hub id: only works where a hub is reachable
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **extra, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        tokenizer = AutoTokenizer.from_pretrained(source, **extra) if with_tokenizer else None
     except OSError as exc:
         raise OSError(
             f"could not load {name!r} as a model alias ({', '.join(sorted(MODEL_ZOO))}), local folder, "
