@@ -6,6 +6,8 @@ is compiled afresh with static shapes: dense with ``inner`` (Inductor by default
 from the middle of a static cache of ``kv_slots`` random K/V with random tokens; a prefill writes a random prompt
 into an empty cache sized to it. Times are medians (CUDA events on a GPU). On a CPU the numbers say little about a GPU
 (the kernels run as PyTorch reference code there); the point there is that the flow works.
+
+Every (shape, variant) starts from ``torch._dynamo.reset()``: graphs compiled earlier in the process are forgotten.
 """
 
 from __future__ import annotations
