@@ -89,15 +89,24 @@ def _describe_diff(saved: dict, current: dict) -> str:
     return "layouts differ"
 
 
+def apply_saved(model: nn.Module, path: str | Path, **fallback_apply_kwargs) -> nn.Module:
+    """:func:`apply` with the configuration saved beside the routers at ``path`` (a :func:`save` folder or a routers
+    file), then :func:`load_routers`; where no configuration was saved, ``apply(model, **fallback_apply_kwargs)``."""
+    path = Path(path)
+    meta_file = (path if path.is_dir() else path.parent) / CONFIG_FILE
+    if meta_file.exists():
+        apply(model, config=WideConfig.from_dict(json.loads(meta_file.read_text())["config"]))
+    else:
+        apply(model, **fallback_apply_kwargs)
+    return load_routers(model, path)
+
+
 def load(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     """Rebuild a WIDE model saved with :func:`save`."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    meta_file = path / CONFIG_FILE
-    if not meta_file.exists():
+    if not (path / CONFIG_FILE).exists():
         raise FileNotFoundError(f"{path} has no {CONFIG_FILE}: it was not saved with wide_compile.save()")
-    meta = json.loads(meta_file.read_text())
     model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
-    apply(model, config=WideConfig.from_dict(meta["config"]))
-    return load_routers(model, path)
+    return apply_saved(model, path)

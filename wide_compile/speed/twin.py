@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 from torch import nn
@@ -31,7 +30,7 @@ def dense_and_wide(model: nn.Module, *, routers: str | Path | None = None, spars
       the argmax then skips about half of the (token, group) pairs, depending on the token).
     """
     import wide_compile
-    from wide_compile.serialization import CONFIG_FILE
+    from wide_compile.serialization import apply_saved
 
     if wide_compile.is_applied(model):
         if routers is not None:
@@ -43,14 +42,6 @@ def dense_and_wide(model: nn.Module, *, routers: str | Path | None = None, spars
         wide_compile.apply(wide, sparsity=sparsity, seed=seed, **apply_kwargs)
         described = f"random (seed {seed}, zero output bias: argmax gives ~50% token-dependent skips)"
     else:
-        folder = Path(routers)
-        folder = folder if folder.is_dir() else folder.parent
-        meta_file = folder / CONFIG_FILE
-        if meta_file.exists():
-            config = wide_compile.WideConfig.from_dict(json.loads(meta_file.read_text())["config"])
-            wide_compile.apply(wide, config=config)
-        else:
-            wide_compile.apply(wide, sparsity=sparsity, seed=seed, **apply_kwargs)
-        wide_compile.load_routers(wide, routers)
+        apply_saved(wide, routers, sparsity=sparsity, seed=seed, **apply_kwargs)
         described = f"trained, loaded from {routers}"
     return model.eval(), wide.eval(), described
