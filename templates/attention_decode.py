@@ -24,6 +24,7 @@ import triton.language as tl
 from ._triton_utils import sm_count
 from .attention_block import attend_block
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
+from .dependent_launch import pdl_launch
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
 
@@ -44,8 +45,10 @@ def _decode_split_kernel(
     num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
+        tl.extra.cuda.gdc_wait()
     split = tl.program_id(0)
     bk = tl.program_id(1)
     b = bk // num_kv_heads
@@ -92,6 +95,8 @@ def _decode_split_kernel(
                 load_ok = col_ok & (tl.max(tl.max(valid.to(tl.int32), 1), 0) > 0)
             acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, load_ok,
                                           valid, offs_d, dmask, qk_scale, INPUT_PRECISION)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         has_keys = l_i > 0
         o_part = acc / tl.where(has_keys, l_i, 1.0)[:, None]
         if DIRECT_OUT:
@@ -114,7 +119,10 @@ def _decode_reduce_kernel(
     stride_ob, stride_oh, stride_ot,
     num_kv_heads, q_len, num_splits, heads_per_group,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P2: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     bk = tl.program_id(1)
     b = bk // num_kv_heads
@@ -275,7 +283,8 @@ def launch_decode(
     if config is None:
         sms = _device_sm_count(q.device)
         config = decode_config(chunk, num_splits * batch_kv, sms, dims.head_dim, q.element_size())
-    _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config)
+    pdl = pdl_launch(q.device)
+    _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config, **pdl)
     if not direct:
         _decode_reduce_kernel[(rows, batch_kv)](
             part_o, part_lse, mask, out,
@@ -283,7 +292,7 @@ def launch_decode(
             out.stride(0), out.stride(1), out.stride(2),
             dims.num_kv_heads, dims.q_len, num_splits, dims.heads_per_group,
             Q_PER_KV=dims.q_per_kv, HEAD_DIM=dims.head_dim, BLOCK_D=block_d,
-            SPLITS_P2=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+            SPLITS_P2=max(2, triton.next_power_of_2(num_splits)), num_warps=4, **pdl,
         )
 
 

@@ -24,6 +24,7 @@ import torch
 from ._triton_utils import (
     ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2, sm_count,
 )
+from .dependent_launch import pdl_launch
 
 if HAS_TRITON:
     import triton
@@ -69,7 +70,10 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
+        if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         split = pid % SPLIT
         tile = pid // SPLIT
@@ -120,6 +124,8 @@ if HAS_TRITON:
                     w2_ptrs += BLOCK_K
                 w_ptrs += BLOCK_K
                 x_ptrs += BLOCK_K
+            if USE_GDC:
+                tl.extra.cuda.gdc_launch_dependents()
             finish = True
             if SPLIT > 1:
                 finish, acc, acc2 = _split_k_finish(acc, acc2, ws_ptr, counter_ptr, tile, split,
@@ -145,7 +151,10 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
+        if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
+            tl.extra.cuda.gdc_wait()
         CHUNKS: tl.constexpr = GROUP_SIZE // BLOCK_K
         pid = tl.program_id(0)
         split = pid % SPLIT
@@ -176,6 +185,8 @@ if HAS_TRITON:
                 w = w.to(tl.float32)
                 xt = xt.to(tl.float32)
             acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         finish = True
         if SPLIT > 1:
             finish, acc, _unused = _split_k_finish(acc, acc, ws_ptr, counter_ptr, tile, split,
@@ -266,6 +277,7 @@ def output_groups_gemv(
         DOT_PRECISION=_dot_precision(x),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **pdl_launch(x.device),
     )
     return y
 
@@ -320,5 +332,6 @@ def input_groups_gemv(
         DOT_PRECISION=_dot_precision(x),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **pdl_launch(x.device),
     )
     return y

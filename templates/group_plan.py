@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, next_pow2
+from .dependent_launch import pdl_launch
 
 DECODE_MAX_TOKENS = 16
 PARTS = ("output", "input", "union")
@@ -68,8 +69,11 @@ if HAS_TRITON:
         HAS_ORDER: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_G: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         """One program per token tile: the groups active for at least one token of the tile."""
+        if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
+            tl.extra.cuda.gdc_wait()
         t = tl.program_id(0)
         offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)
         valid_m = offs_m < M
@@ -225,6 +229,7 @@ def _tile_group_lists(
         HAS_ORDER=order is not None,
         BLOCK_M=block_m,
         BLOCK_G=min(128, max(16, next_pow2(num_groups))),
+        **pdl_launch(m.device),
     )
     return lists, counts
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, interpreting, next_pow2, sm_count
+from .dependent_launch import pdl_launch
 from .router_mask_reference import check_router_mask_args, router_mask_reference
 
 if HAS_TRITON:
@@ -49,7 +50,10 @@ if HAS_TRITON:
         BLOCK_G: tl.constexpr,
         EVEN_K: tl.constexpr,
         W_SPLIT3: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
+        if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         tile = pid // SPLIT
         split = pid % SPLIT
@@ -86,6 +90,8 @@ if HAS_TRITON:
                 acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
 
         # ---- one-launch split: partials to the workspace, the last program of the tile sums them in split order
         finish = True
@@ -212,5 +218,6 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         W_SPLIT3=_split_weights(x2, num_tokens, cfg.get("W_SPLIT3")),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **pdl_launch(x.device),
     )
     return mask

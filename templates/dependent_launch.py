@@ -1,0 +1,46 @@
+"""Programmatic dependent launch (sm_90+), opt-in with ``WIDE_PDL=1``: not yet measured, hence not the default.
+
+A kernel launched with ``launch_pdl=True`` may be scheduled before its predecessor in the stream has finished (once
+every program of the predecessor has released its dependents or exited), so launch latency and the first steps of
+the next kernel overlap the previous kernel's tail; decode steps of a large model at batch 1 are chains of ~10 short
+kernels per layer (``benchmarks/notes_e2e.md``). The contract kept by every template that takes ``USE_GDC``:
+
+- ``if USE_GDC: tl.extra.cuda.gdc_wait()`` before the kernel's first global-memory access (it returns once the
+  predecessor grid has completed and its writes are visible: reading anything before would race);
+- ``if USE_GDC: tl.extra.cuda.gdc_launch_dependents()`` after its main loop (its dependents still wait for its
+  completion before reading).
+
+(Written inline in each kernel rather than as shared ``@triton.jit`` helpers: a helper defined before
+``TRITON_INTERPRET=1`` was set could not be called from an interpreted kernel.)
+
+Under ``TRITON_INTERPRET=1`` the instructions do not exist, so :func:`use_pdl` is False there; CUDA graphs capture
+the launch attribute.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from ._triton_utils import interpreting
+
+ENV = "WIDE_PDL"
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether launches on ``device`` use programmatic dependent launch (``WIDE_PDL=1``, CUDA sm_90+)."""
+    if os.environ.get(ENV, "0") != "1" or device.type != "cuda" or interpreting():
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """Launch keyword arguments: ``USE_GDC`` for the kernel, ``launch_pdl`` for Triton's launcher."""
+    return {"USE_GDC": True, "launch_pdl": True} if use_pdl(device) else {"USE_GDC": False}
+
