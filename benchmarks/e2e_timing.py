@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import signal
 import sys
 import threading
@@ -143,7 +144,8 @@ def versions() -> dict:
     import transformers
 
     out = {"python": platform.python_version(), "torch": torch.__version__,
-           "transformers": transformers.__version__, "cuda": torch.version.cuda}
+           "transformers": transformers.__version__, "cuda": torch.version.cuda,
+           "WIDE_PDL": os.environ.get("WIDE_PDL", "0")}  # programmatic dependent launch (templates/dependent_launch.py)
     try:
         import triton
 

@@ -352,7 +352,8 @@ def targets(rows: list) -> list:
 
 def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
     lines = ["# Group-skipping linear kernels vs cuBLAS (Llama-3-8B shapes, bf16)", "",
-             f"GPU: {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}; {meta['date']}", "",
+             f"GPU: {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}; {meta['date']}; "
+             f"WIDE_PDL={meta.get('WIDE_PDL', '0')}", "",
              f"Command: `{meta['command']}` (run as `OUT=$OUT bash benchmarks/run_kernels_linear_gpu.sh` on the "
              "device machine, which first installs the repo and runs tests/test_gpu_group_linear.py)", "",
              f"Measured ceilings: copy {meta['ceilings']['copy_TBps']:.2f} TB/s (read+write), "
@@ -396,7 +397,8 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                command="python3 benchmarks/kernels_linear.py " + " ".join(sys.argv[1:]))
+                command="python3 benchmarks/kernels_linear.py " + " ".join(sys.argv[1:]),
+                WIDE_PDL=os.environ.get("WIDE_PDL", "0"))  # programmatic dependent launch on / off
     t0 = time.time()
     meta["ceilings"] = ceilings()
     print("ceilings", meta["ceilings"], flush=True)
