@@ -79,10 +79,9 @@ def _why_not(logits: fx.Node) -> str | None:
     return None
 
 
-def _pays(logits: fx.Node, x: fx.Node) -> bool:
+def _pays(tokens: int | None, x: fx.Node) -> bool:
     """Whether the fused kernel measured faster for this graph's token count and the op's input dtype (always when the
     count is not static)."""
-    tokens = _static_tokens(example_value(logits))
     return tokens is None or fused_for(tokens, example_value(x).dtype)
 
 
@@ -111,9 +110,10 @@ def lower_router_decisions(graph: fx.Graph, one_token: str = "unfused") -> tuple
             continue
         xc, w_in, b_in, w_out, b_out = (arg(logits, i, name) for i, name in enumerate(ROUTER_ARGS))
         x = _uncast_input(xc, example_value(logits).dtype)
-        if one_token == "reduction" and _static_tokens(example_value(logits)) == 1:
+        tokens = _static_tokens(example_value(logits))
+        if one_token == "reduction" and tokens == 1:
             target, name = router_mask_reduction, "router_reduction"
-        elif _pays(logits, x):
+        elif _pays(tokens, x):
             target, name = torch.ops.wide.router_mask.default, "router_mask"
         else:
             continue  # a speed choice, not a fallback: the unfused ops are the faster path at this size

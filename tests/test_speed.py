@@ -91,6 +91,11 @@ def test_cli_bench_writes_a_json_report(tmp_path, capsys):
     assert [(r["kind"], r["size"]) for r in record["rows"]] == [("decode", 1), ("prefill", 9)]
     assert record["settings"]["wide_options"] == {"wide.one_token_routers": "reduction"}
     assert "dense/WIDE" in capsys.readouterr().out
+    wide = wide_compile.apply(tiny_llama(), sparsity=0.5, **APPLY)  # a wide_compile.save() folder: timed as it is
+    wide_compile.save(wide, tmp_path / "saved")
+    assert cli_main(["bench", "--model", str(tmp_path / "saved"), "--decode-batch", "1", "--prefill", "5", "--steps",
+                     "2", "--runs", "2", "--kv-slots", "16", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["settings"]["routers"] == "the model's own"
     with pytest.raises(SystemExit):
         cli_main(["bench", "--model", str(folder), "--decode-batch", "0"])
     with pytest.raises(SystemExit):

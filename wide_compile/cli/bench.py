@@ -59,17 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace, device: str):
-    import wide_compile
-    from wide_compile.model_zoo import load_model, resolve_dtype
-    from wide_compile.serialization import CONFIG_FILE
+    from wide_compile.cli.eval import load_saved_wide
+    from wide_compile.model_zoo import load_model
 
     dtype = args.dtype or ("bf16" if device.startswith("cuda") else None)
-    path = Path(args.model).expanduser()
-    if path.is_dir() and (path / CONFIG_FILE).is_file():
-        torch_dtype = resolve_dtype(dtype)
-        model = wide_compile.load(path, **({"dtype": torch_dtype} if torch_dtype is not None else {}))
-        return model.to(device).eval()
-    model, _ = load_model(args.model, dtype=dtype, device=device, cache_dir=args.cache_dir, with_tokenizer=False)
+    model = load_saved_wide(args.model, dtype, device)
+    if model is None:
+        model, _ = load_model(args.model, dtype=dtype, device=device, cache_dir=args.cache_dir, with_tokenizer=False)
     return model
 
 

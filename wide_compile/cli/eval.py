@@ -61,20 +61,29 @@ def _limit(value: float | None) -> int | float | None:
     return int(value) if value >= 1 and float(value).is_integer() else value
 
 
-def load_model_and_tokenizer(name: str, tokenizer: str | None, dtype: str | None, device: str,
-                             cache_dir: str | None):
-    """``(model, tokenizer, is_wide_folder)`` for a zoo alias / HF source or a ``wide_compile.save`` folder."""
+def load_saved_wide(name: str, dtype: str | None, device: str):
+    """The WIDE model of a ``wide_compile.save`` folder ``name`` (eval mode, on ``device``), or None for any other
+    source."""
     import wide_compile
-    from wide_compile.model_zoo import load_model, resolve_dtype
+    from wide_compile.model_zoo import resolve_dtype
     from wide_compile.serialization import CONFIG_FILE
 
     path = Path(name).expanduser()
-    if path.is_dir() and (path / CONFIG_FILE).is_file():
-        torch_dtype = resolve_dtype(dtype)
-        model = wide_compile.load(path, **({"dtype": torch_dtype} if torch_dtype is not None else {}))
-        model = model.to(device).eval()
-        tokenizer_obj = _load_tokenizer(tokenizer or str(path), cache_dir)
-        return model, tokenizer_obj, True
+    if not (path.is_dir() and (path / CONFIG_FILE).is_file()):
+        return None
+    torch_dtype = resolve_dtype(dtype)
+    model = wide_compile.load(path, **({"dtype": torch_dtype} if torch_dtype is not None else {}))
+    return model.to(device).eval()
+
+
+def load_model_and_tokenizer(name: str, tokenizer: str | None, dtype: str | None, device: str,
+                             cache_dir: str | None):
+    """``(model, tokenizer, is_wide_folder)`` for a zoo alias / HF source or a ``wide_compile.save`` folder."""
+    from wide_compile.model_zoo import load_model
+
+    model = load_saved_wide(name, dtype, device)
+    if model is not None:
+        return model, _load_tokenizer(tokenizer or str(Path(name).expanduser()), cache_dir), True
     model, tokenizer_obj = load_model(name, dtype=dtype, device=device, cache_dir=cache_dir)
     if tokenizer is not None:
         tokenizer_obj = _load_tokenizer(tokenizer, cache_dir)
