@@ -55,11 +55,13 @@ import wide_compile  # noqa: E402
 from e2e_bounds import decode_byte_bound, prefill_flop_bound  # noqa: E402
 from e2e_models import MODELS, BenchModels, build_models, clear_masks, skip_rates, snapshot_masks  # noqa: E402
 from e2e_timing import (  # noqa: E402
-    Budget, StageTimeout, compile_variant, configure_dynamo, diff_counts, dynamo_counts, fresh_compile_state, is_oom,
+    Budget, StageTimeout, configure_dynamo, diff_counts, dynamo_counts, fresh_compile_state, is_oom,
     log, memory_gb, reset_peak, time_limit, versions,
 )
 
-from wide_compile.speed import Clock, DecodeRun, PrefillRun, set_cache_length, time_decode, time_prefill  # noqa: E402
+from wide_compile.speed import (  # noqa: E402
+    Clock, DecodeRun, PrefillRun, compile_variant, set_cache_length, time_decode, time_prefill,
+)
 
 VARIANTS = ("dense", "wide")
 ALL_ACTIVE = "wide_all_active"  # --all-active: the WIDE model with every group forced on (its kernels, no pruning)

@@ -3,8 +3,6 @@
 - (the clock and the timed runs are ``wide_compile.speed``'s)
 - :class:`Budget` + :func:`time_limit`: the run's wall-clock budget and a SIGALRM limit per stage, so that one slow
   compile is cut off and recorded instead of eating the whole run.
-- :func:`compile_variant`: ``torch.compile`` of the dense model (Inductor) or the WIDE model (``backend="wide"``)
-  with the same mode and dynamic-shape setting.
 - :func:`fresh_compile_state`: forget every compiled graph and CUDA-graph pool between stages (fair peak memory).
 """
 
@@ -20,7 +18,6 @@ import time
 from collections.abc import Iterator
 
 import torch
-from torch import nn
 
 T0 = time.perf_counter()
 
@@ -103,26 +100,6 @@ def fresh_compile_state(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-
-
-def compile_variant(model: nn.Module, variant: str, mode: str | None, inner: str, dynamic: bool | None,
-                    wide_options: dict | None = None):
-    """``torch.compile`` of the dense model (``inner`` backend) or the WIDE model (``"wide"`` backend, with the
-    backend's own ``wide_options``, e.g. ``{"wide.one_token_routers": "reduction"}``)."""
-    if inner not in ("inductor", "aot_eager", "eager"):
-        raise ValueError(f"inner compiler must be inductor, aot_eager or eager, got {inner!r}")
-    if inner != "inductor" and mode not in (None, "default"):
-        raise ValueError(f"--mode {mode!r} needs --inner inductor")
-    if variant == "dense":
-        return torch.compile(model, backend=inner, mode=mode if inner == "inductor" else None, dynamic=dynamic)
-    if wide_options:  # torch.compile takes a mode or options, not both: the mode's settings go in as options
-        from torch._inductor import list_mode_options
-
-        settings = list_mode_options(mode or "default") if inner == "inductor" else {"wide.inner": inner}
-        return torch.compile(model, backend="wide", options={**settings, **wide_options}, dynamic=dynamic)
-    if inner == "inductor":
-        return torch.compile(model, backend="wide", mode=mode, dynamic=dynamic)
-    return torch.compile(model, backend="wide", options={"wide.inner": inner}, dynamic=dynamic)
 
 
 def dynamo_counts() -> dict:

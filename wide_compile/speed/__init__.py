@@ -12,9 +12,11 @@ from .static_cache import (
     cache_argument, cache_bytes, fill_cache_random, forward_kwargs, new_static_cache, set_cache_length,
 )
 from .twin import dense_and_wide, weight_sharing_twin
+from .variants import compile_variant
 
 __all__ = [
-    "Clock", "DecodeRun", "PrefillRun", "SpeedReport", "cache_argument", "cache_bytes", "dense_and_wide",
+    "Clock", "DecodeRun", "PrefillRun", "SpeedReport", "cache_argument", "cache_bytes", "compile_variant",
+    "dense_and_wide",
     "fill_cache_random", "forward_kwargs", "measure_speed", "new_static_cache", "set_cache_length", "summary",
     "time_decode", "time_prefill", "weight_sharing_twin",
 ]

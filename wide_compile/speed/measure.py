@@ -22,6 +22,7 @@ from torch import nn
 from .clock import Clock
 from .runs import DecodeRun, PrefillRun, time_decode, time_prefill
 from .twin import dense_and_wide
+from .variants import INNER_COMPILERS, compile_variant
 
 VARIANTS = ("dense", "wide")
 
@@ -46,19 +47,6 @@ class SpeedReport:
                           f"{row['dense']['first_call_s']:.1f} / {row['wide']['first_call_s']:.1f}"))
         widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
         return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
-
-
-def _compile(model: nn.Module, variant: str, mode: str | None, inner: str, wide_options: dict | None):
-    if variant == "dense":
-        return torch.compile(model, backend=inner, mode=mode if inner == "inductor" else None, dynamic=False)
-    options = dict(wide_options or {})
-    if inner != "inductor":
-        options["wide.inner"] = inner
-    elif mode is not None:  # torch.compile takes a mode or options, not both: the mode's settings go in as options
-        from torch._inductor import list_mode_options
-
-        options = {**list_mode_options(mode), **options}
-    return torch.compile(model, backend="wide", options=options or None, dynamic=False)
 
 
 def _check_sizes(name: str, values) -> tuple[int, ...]:
@@ -93,7 +81,7 @@ def measure_speed(
         routers: trained routers (a ``wide_compile.save`` folder or routers file) for the WIDE twin; default fresh
             routers at ``sparsity`` (about half the pairs skipped, depending on the token).
         decode_batches / prompt_lengths: decode batch sizes and prefill lengths to time.
-        mode: ``torch.compile`` mode for both variants (ignored off CUDA, where there are no CUDA graphs).
+        mode: ``torch.compile`` mode for both variants (used on CUDA with Inductor only: CUDA graphs need both).
         inner: what compiles the graphs: ``"inductor"`` (default on CUDA), ``"aot_eager"`` (default elsewhere:
             seconds instead of minutes per compile) or ``"eager"``.
         wide_options: extra ``wide`` backend options (e.g. ``{"wide.one_token_routers": "reduction"}``).
@@ -108,8 +96,9 @@ def measure_speed(
     device = next(model.parameters()).device
     mode = mode if device.type == "cuda" else None
     inner = inner or ("inductor" if device.type == "cuda" else "aot_eager")
-    if inner not in ("inductor", "aot_eager", "eager"):
+    if inner not in INNER_COMPILERS:
         raise ValueError(f"inner must be 'inductor', 'aot_eager' or 'eager', got {inner!r}")
+    mode = mode if inner == "inductor" else None  # CUDA graphs come with Inductor
     dense, wide, described = dense_and_wide(model, routers=routers, sparsity=sparsity, seed=seed, **apply_kwargs)
     clock = Clock(device)
     report = SpeedReport(settings={
@@ -126,7 +115,7 @@ def measure_speed(
             torch._dynamo.reset()
             wide_compile.backend.reset_compile_report()
             with torch.no_grad():
-                fn = _compile(net, variant, mode, inner, wide_options)
+                fn = compile_variant(net, variant, mode, inner, False, wide_options)
                 if kind == "decode":
                     run = DecodeRun(fn, net, size, kv_slots, decode_steps)
                     result = time_decode(run, clock)
