@@ -75,12 +75,13 @@ def sweep_decode(gen: torch.Generator, tokens: tuple[int, ...] = (1, 2, 8)) -> l
     them (``unfused_compiled``: the matmul form; ``reduction_compiled``: ``router_mask_reduction``, the backend's
     ``wide.one_token_routers="reduction"``)."""
     rows = []
-    compiled = {"unfused_compiled_us": torch.compile(router_mask_reference, dynamic=False),
-                "reduction_compiled_us": torch.compile(router_mask_reduction, dynamic=False)}
     for hidden, groups in SHAPES:
         for m in tokens:
             xs, ws = operands(m, hidden, groups, gen)
             base = bench_graph([lambda x=x, w=w: router_mask_reference(x, *w) for x, w in zip(xs, ws)])
+            torch._dynamo.reset()  # one compile per shape: past Dynamo's recompile limit a function would run eagerly
+            compiled = {"unfused_compiled_us": torch.compile(router_mask_reference, dynamic=False),
+                        "reduction_compiled_us": torch.compile(router_mask_reduction, dynamic=False)}
             forms = {name: bench_graph([lambda x=x, w=w, fn=fn: fn(x, *w) for x, w in zip(xs, ws)])
                      for name, fn in compiled.items()}
             for cfg in DECODE_SWEEP:
