@@ -119,14 +119,15 @@ def measure_speed(
                 if kind == "decode":
                     run = DecodeRun(fn, net, size, kv_slots, decode_steps)
                     result = time_decode(run, clock)
-                    run.rewind()
-                    run.step(0)
                 else:
                     run = PrefillRun(fn, net, size)
                     result = time_prefill(run, clock, prefill_runs)
+                if variant == "wide":  # the masks of one more call from the same position
                     run.rewind()
-                    run.call()
-                if variant == "wide":
+                    if kind == "decode":
+                        run.step(0)
+                    else:
+                        run.call()
                     result["skip_rates"] = {k: v for k, v in wide_compile.skip_rates(net).items() if k != "blocks"}
             row[variant] = result
             del fn, run
