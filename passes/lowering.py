@@ -207,7 +207,7 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
 
 
 def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
-                        one_token_routers: str = "unfused") -> LoweringResult:
+                        one_token_routers: str = "reduction") -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
     ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the

@@ -279,8 +279,8 @@ def test_inference_graph_lowers_every_router(dtype):
                                                         (5, 13, torch.bfloat16, True), (1, 1, torch.bfloat16, False)])
 def test_router_fusion_follows_the_measured_token_range(batch, tokens, dtype, fused):
     """Static shapes: routers are fused for 2-64 tokens (faster there on the H200), and above 64 for a bf16 model
-    (tensor-core path), kept unfused at 1 token and above 64 in fp32 (silently: the unfused ops are the faster path
-    there); ``wide.fuse_routers=False`` keeps them all; the option must be a bool."""
+    (tensor-core path), kept unfused above 64 in fp32 (silently: the unfused ops are the faster path there); one token
+    takes the reduction form; ``wide.fuse_routers=False`` keeps them all; the option must be a bool."""
     model = tiny_wide_llama(dtype)
     ids = torch.randint(3, 120, (batch, tokens))
     for option in (True, False):
@@ -292,9 +292,12 @@ def test_router_fusion_follows_the_measured_token_range(batch, tokens, dtype, fu
             expected = model(ids, use_cache=False).logits
         assert torch.equal(actual, expected)
         (graph,) = wide_compile.compile_report(model).graphs
+        reduced = option and batch * tokens == 1  # one token: the reduction form (wide.one_token_routers default)
         assert graph.lowered.get("router_mask", 0) == (4 if fused and option else 0)
+        assert graph.lowered.get("router_reduction", 0) == (4 if reduced else 0)
         assert not [why for why in graph.generic if "router decision kept" in why]  # a speed choice, not a fallback
-        assert wide_op_names(graph.graph_module.graph).get("router_logits", 0) == (0 if fused and option else 4)
+        assert wide_op_names(graph.graph_module.graph).get("router_logits", 0) == (0 if (fused or reduced) and option
+                                                                                  else 4)
     with pytest.raises(ValueError, match="'wide.fuse_routers' must be a bool"):
         wide_compile.backend.parse_settings(None, {"wide.fuse_routers": 1})
 
@@ -315,15 +318,17 @@ def test_reduction_form_equals_the_reference(x_dtype, lead):
         router_mask_reduction(x, weights[0][:, :299], *weights[1:])
 
 
-@pytest.mark.parametrize("form, expected", [("unfused", {}), ("reduction", {"router_reduction": 4})])
+@pytest.mark.parametrize("form, expected", [("unfused", {}), ("reduction", {"router_reduction": 4}),
+                                            (None, {"router_reduction": 4})])
 def test_one_token_router_form_option(form, expected):
-    """``wide.one_token_routers``: one-token decisions stay unfused by default, become the reduction form on request
-    (logits equal eager); at 2+ tokens the option changes nothing; a bad value is a clear error."""
+    """``wide.one_token_routers``: one-token decisions become the reduction form by default (``None``: option not
+    given) and on request, stay unfused with ``"unfused"`` (logits equal eager); at 2+ tokens the option changes
+    nothing; a bad value is a clear error."""
     model = tiny_wide_llama()
     for batch, tokens_, lowered in ((1, 1, expected), (2, 5, {"router_mask": 4})):
         torch._dynamo.reset()
         wide_compile.backend.reset_compile_report()
-        options = {"wide.inner": "eager", "wide.one_token_routers": form}
+        options = {"wide.inner": "eager"} | ({} if form is None else {"wide.one_token_routers": form})
         ids = torch.randint(3, 120, (batch, tokens_))
         with torch.no_grad():
             actual = torch.compile(model, backend="wide", options=options)(ids, use_cache=False).logits
