@@ -69,11 +69,12 @@ def measure(m: int, hidden: int, groups: int, gen: torch.Generator) -> dict:
     return row
 
 
-def sweep_decode(gen: torch.Generator, tokens: tuple[int, ...] = (1, 2, 8)) -> list[dict]:
+def sweep_decode(gen: torch.Generator, path: str, meta: dict, tokens: tuple[int, ...] = (1, 2, 8)) -> list[dict]:
     """The fused kernel's decode configurations (SPLIT programs over H, BLOCK_K) at few tokens, every router shape;
     beside each, the unfused path eagerly and both PyTorch forms compiled by Inductor as the model's graph would run
     them (``unfused_compiled``: the matmul form; ``reduction_compiled``: ``router_mask_reduction``, the backend's
-    ``wide.one_token_routers="reduction"``)."""
+    ``wide.one_token_routers="reduction"``). The rows so far are written to ``path`` after every shape (a run cut short
+    keeps them)."""
     rows = []
     for hidden, groups in SHAPES:
         for m in tokens:
@@ -121,18 +122,20 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernels_router.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    write_markdown(os.path.join(args.out, "kernels_router.md"), meta, rows)  # before the (long) sweep
     if args.sweep_decode:
-        with open(os.path.join(args.out, "kernels_router_sweep_decode.json"), "w") as f:
-            json.dump({"meta": meta, "rows": sweep_decode(gen)}, f, indent=1)
+        sweep_decode(gen, os.path.join(args.out, "kernels_router_sweep_decode.json"), meta)
+
+
+def write_markdown(path: str, meta: dict, rows: list[dict]) -> None:
     lines = [f"# Fused router decision vs unfused PyTorch ops (R={RANK}, bf16 x, fp32 routers)", "",
              f"GPU: {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}; {meta['date']}", "",
              f"Command: `{meta['command']}`", "", __doc__.split("\n\n", 2)[2].strip(), "",
              "| H | G | M | unfused µs | fused µs | fused fp32 µs | speed-up | decisions differ |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['H']} | {r['G']} | {r['M']} | {r['unfused_us']:.1f} | {r['fused_us']:.1f} | "
-              f"{r['fused_fp32_us']:.1f} | "
-              f"{r['speedup']:.2f}x | {r['fused_differ']:.1e} |" for r in rows]
-    with open(os.path.join(args.out, "kernels_router.md"), "w") as f:
+              f"{r['fused_fp32_us']:.1f} | {r['speedup']:.2f}x | {r['fused_differ']:.1e} |" for r in rows]
+    with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
