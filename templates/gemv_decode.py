@@ -9,8 +9,9 @@ deep) and the tokens are the narrow one ``[BLOCK_K, BLOCK_T]`` (``BLOCK_T`` = 16
   writes zeros, otherwise it streams its rows over the full K and writes ``y`` with the inactive
   tokens of the group zeroed. No plan is needed.
 - Input groups (down / o projection): one program per ``BLOCK_N`` output rows; it loops over the union
-  list of the plan (groups active for any token) only, so it reads just those weight columns; per
-  token the group's ``x`` chunk is zero-filled where the token does not use the group.
+  list (groups active for any token) only, so it reads just those weight columns; per token the group's
+  ``x`` chunk is zero-filled where the token does not use the group. The list comes from a plan shared
+  with other ops, or each program builds it from the mask rows at its start (no separate launch).
 
 A program that streams a long K range is latency-bound, so K (output groups) or the union list (input
 groups) is split among ``SPLIT`` programs. The split is finished in the same launch: each program
@@ -24,6 +25,7 @@ import torch
 from ._triton_utils import (
     ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2, sm_count,
 )
+from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
 
 if HAS_TRITON:
@@ -145,6 +147,8 @@ if HAS_TRITON:
         GROUP_SIZE: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         ROW_MASK: tl.constexpr,
+        OWN_UNION: tl.constexpr,
+        BLOCK_G: tl.constexpr,
         SPLIT: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -165,7 +169,20 @@ if HAS_TRITON:
         offs_t = tl.arange(0, BLOCK_T)
         valid_t = offs_t < M
         offs_k = tl.arange(0, BLOCK_K)
-        n_groups = tl.load(union_count_ptr)
+        if OWN_UNION:  # the union list, built by every program into its own row of union_ptr (no plan launch)
+            union_ptr += pid.to(tl.int64) * G
+            n_groups = 0
+            for g0 in range(0, G, BLOCK_G):
+                offs_g = g0 + tl.arange(0, BLOCK_G)
+                valid_g = offs_g < G
+                on = tl.load(mask_ptr + offs_t[:, None] * G + offs_g[None, :],
+                             mask=valid_t[:, None] & valid_g[None, :], other=0)
+                act = tl.max((on != 0).to(tl.int32), axis=0)
+                tl.store(union_ptr + n_groups + tl.cumsum(act, 0) - 1, offs_g, mask=act > 0)
+                n_groups += tl.sum(act, 0)
+            tl.debug_barrier()  # the list's stores visible to every thread of the program
+        else:
+            n_groups = tl.load(union_count_ptr)
         per_split = tl.cdiv(n_groups, SPLIT)
         j_start = split * per_split * CHUNKS
         j_end = tl.minimum(n_groups, (split + 1) * per_split) * CHUNKS
@@ -199,15 +216,10 @@ if HAS_TRITON:
 
 
 def _split_workspace(device: torch.device, tiles: int, split: int, block_n: int, block_t: int):
-    """fp32 partial-sum buffer and zeroed arrival counters for one-launch split-K, allocated per call.
-
-    Per call, not cached: a buffer cached across calls would be created inside a CUDA-graph pool when the first
-    call is recorded (``torch.compile(mode="reduce-overhead")``) and outlive it, which CUDA-graph trees refuse
-    ("tensors in the cudagraph pool not tracked as outputs", seen on the H200). From the caching allocator the
-    buffers cost no cudaMalloc; the counters cost one small memset."""
+    """fp32 partial-sum buffer (per call, from the caching allocator: no kernel) and the tiles' arrival counters
+    (``arrival_counters``: zero between launches, no memset per call)."""
     ws = torch.empty(tiles * split * 2 * block_n * block_t, dtype=torch.float32, device=device)
-    counters = torch.zeros(tiles, dtype=torch.int32, device=device)
-    return ws, counters
+    return ws, arrival_counters(tiles, device)
 
 
 def _auto_split(tiles: int, max_split: int, active_fraction: float = 0.5) -> int:
@@ -296,14 +308,18 @@ def input_groups_gemv(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     mask_rows: torch.Tensor,
-    union_groups: torch.Tensor,
-    union_count: torch.Tensor,
+    union_groups: torch.Tensor | None,
+    union_count: torch.Tensor | None,
     group_size: int,
     x_is_masked: bool = False,
     config: dict | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``y[M, N] = (x * mask over K) @ W.T + b`` reading only union-active weight columns, M <= 16."""
+    """``y[M, N] = (x * mask over K) @ W.T + b`` reading only union-active weight columns, M <= 16.
+
+    ``union_groups`` / ``union_count``: a plan's union list (``build_group_plan(..., parts=("union",))``), shared
+    with other ops of the same mask; None: every program builds the list from ``mask_rows`` itself (into a per-call
+    scratch row: one launch instead of a plan kernel and this one)."""
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
     num_groups = k_dim // group_size
@@ -318,12 +334,20 @@ def input_groups_gemv(
     block_t = max(16, next_pow2(num_tokens))
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, cfg["BLOCK_N"], block_t) if split > 1 else (x, x)
+    own_union = union_groups is None
+    if own_union:  # one scratch row per program (torch.empty: no kernel)
+        union_groups = torch.empty(tiles * split * num_groups, dtype=torch.int32, device=x.device)
+        union_count = union_groups
+    elif union_count is None:
+        raise ValueError("input_groups_gemv: union_count is needed with union_groups")
     _input_groups_gemv_kernel[(tiles * split,)](
         x, weight, bias if bias is not None else x, y, mask_rows, union_groups, union_count, ws, counters,
         num_tokens, n_dim, k_dim, num_groups,
         GROUP_SIZE=group_size,
         HAS_BIAS=bias is not None,
         ROW_MASK=not x_is_masked,
+        OWN_UNION=own_union,
+        BLOCK_G=min(128, max(16, next_pow2(num_groups))),
         SPLIT=split,
         BLOCK_T=block_t,
         BLOCK_N=cfg["BLOCK_N"],

@@ -289,11 +289,11 @@ def input_group_linear(
     elif _use_gemv(path, num_tokens):
         from .gemv_decode import input_groups_gemv
 
-        p = _plan_for(plan, mask, "union")
-        y = input_groups_gemv(
-            x2, weight, bias, m_rows, p.union_groups, p.union_count, group_size, x_is_masked, config=config,
-            out=out2,
-        )
+        union = (None, None)  # no plan given: the GEMV builds the union list itself (no plan launch)
+        if plan is not None:
+            p = _plan_for(plan, mask, "union")
+            union = (p.union_groups, p.union_count)
+        y = input_groups_gemv(x2, weight, bias, m_rows, *union, group_size, x_is_masked, config=config, out=out2)
     else:
         from .gemm_input_groups import input_groups_gemm
 

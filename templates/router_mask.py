@@ -20,8 +20,8 @@ program would read latency-bound) every program stores its partial in a workspac
 counter; the last one to arrive sums the partials in a fixed order (deterministic), then runs the epilogue (``b_in``,
 both logit columns per group chunk, compare, store) and resets the counter. ``SPLIT`` (automatic by default) gives
 about 2 programs per SM: 32 at decode (H=4096, BLOCK_K=128), a few for mid-size M, and ``SPLIT = 1`` for large M
-(>= 2 token tiles per SM), where one program per token tile does everything. Workspace and counters are allocated
-per call (see ``gemv_decode._split_workspace``: cached buffers break CUDA-graph trees).
+(>= 2 token tiles per SM), where one program per token tile does everything. The workspace is allocated per
+call; the counters come from ``arrival_counters`` (zero between launches: no memset per call).
 
 R and G are padded to powers of two >= 16 with masked loads; H may be ragged. ``x`` is read in its own dtype
 (bf16 / fp16 / fp32) and cast to fp32 in registers (exact). Router weights in fp16 / bf16 (not the default) take the
@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, interpreting, next_pow2, sm_count
+from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
 from .router_mask_reference import check_router_mask_args, router_mask_reference
 
@@ -201,9 +202,9 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         split = _auto_split(tiles, hidden, block_k, x.device)
     split = max(1, min(split, max(1, cdiv(hidden, block_k))))
     block_r = max(16, next_pow2(rank))
-    if split > 1:  # per call, never cached (CUDA-graph trees); counters start at 0, the kernel leaves them at 0
+    if split > 1:  # workspace per call; counters zero between launches (the kernel leaves them at 0)
         ws = torch.empty(tiles * split * block_m * block_r, dtype=torch.float32, device=x.device)
-        counters = torch.zeros(tiles, dtype=torch.int32, device=x.device)
+        counters = arrival_counters(tiles, x.device)
     else:
         ws, counters = mask, mask  # unused
     _router_mask_kernel[(tiles * split,)](

@@ -170,3 +170,29 @@ def test_decode_gemvs_under_cuda_graph_trees(weights):
         q, y = (t.clone() for t in compiled(x, h, mq.to(w_q.dtype), md.to(w_d.dtype)))
         _check(q, output_group_linear_reference(x.float(), w_q.float(), mq, ATTN_GROUP), mq, ATTN_GROUP)
         _check(y, input_group_linear_reference(h.float(), w_d.float(), md, FFN_GROUP))
+
+
+def test_decode_gemvs_launch_one_kernel_each(weights):
+    """After a first call, a split-K decode GEMV is one kernel: no memset of its arrival counters (kept at zero
+    between launches, ``templates/arrival_counters.py``) and, without a plan, no plan kernel for the input-group
+    union list; the shared counters are all zero afterwards and the results match the references."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from wide_compile.templates.arrival_counters import _buffers
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w_q, w_d = weights["q"].bfloat16(), weights["down"].bfloat16()
+    x = torch.randn(1, HIDDEN, generator=gen, device="cuda", dtype=w_q.dtype)
+    h = torch.randn(1, INTER, generator=gen, device="cuda", dtype=w_d.dtype)
+    mq, md = _mask("random", 1, HIDDEN // ATTN_GROUP, gen), _mask("random", 1, INTER // FFN_GROUP, gen)
+    output_group_linear(x, w_q, mq, ATTN_GROUP), input_group_linear(h, w_d, md, FFN_GROUP)  # first calls
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        q = output_group_linear(x, w_q, mq, ATTN_GROUP)
+        y = input_group_linear(h, w_d, md, FFN_GROUP)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sorted(kernels) == ["_input_groups_gemv_kernel", "_output_groups_gemv_kernel"], kernels
+    assert _buffers and all(not b.any() for b in _buffers.values())
+    _check(q, output_group_linear_reference(x.float(), w_q.float(), mq, ATTN_GROUP), mq, ATTN_GROUP)
+    _check(y, input_group_linear_reference(h.float(), w_d.float(), md, FFN_GROUP))

@@ -274,3 +274,47 @@ def test_bad_inputs_raise_clear_errors(k):
         lin.output_group_linear(x, w, mask, 64, out=torch.empty(4, 5))
     with pytest.raises(ValueError, match="group_size must be a positive int"):
         lin.output_group_linear(x, w, mask, 0)
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("kind", MASKS)
+def test_decode_input_gemv_builds_its_union_list(k, m, kind):
+    """Without a plan the input-group GEMV builds the union list in every program (150 groups: two chunks of the
+    group loop, ragged N); the result equals the reference and the shared-plan path, split or not."""
+    gen = torch.Generator().manual_seed(hash((m, kind)) % 2**31)
+    lin, gp, ref = k["group_linear"], k["group_plan"], k["ref"]
+    gs, groups, n = 16, 150, 40
+    x = torch.randn(m, gs * groups, generator=gen).to(torch.float16)
+    w = (torch.randn(n, gs * groups, generator=gen) / 40).to(torch.float16)
+    b = torch.randn(n, generator=gen).to(torch.float16)
+    mask = _mask(kind, m, groups, gen)
+    expected = ref.input_group_linear_reference(x, w, mask, gs, b)
+    plan = gp.build_group_plan(mask, parts=("union",))
+    for split in (1, 3):
+        cfg = {"SPLIT": split}
+        own = lin.input_group_linear(x, w, mask, gs, b, path="gemv", config=cfg, out=_poisoned((m, n), x.dtype))
+        _check(own, expected, x.dtype)
+        shared = lin.input_group_linear(x, w, mask, gs, b, plan, path="gemv", config=cfg)
+        assert torch.equal(own, shared)  # same list, same order of the sums
+
+
+def test_split_kernels_leave_the_shared_arrival_counters_at_zero(k):
+    """Split-K GEMVs take their counters from ``arrival_counters`` (no memset per call): one zeroed buffer reused by
+    every launch, left at zero by each, grown (never shrunk) on demand; repeated calls stay correct."""
+    from wide_compile.templates.arrival_counters import arrival_counters
+
+    lin, ref = k["group_linear"], k["ref"]
+    gen = torch.Generator().manual_seed(5)
+    counters = arrival_counters(8, torch.device("cpu"))
+    assert counters.dtype == torch.int32 and not counters.any()
+    assert arrival_counters(3, torch.device("cpu")) is counters
+    x = torch.randn(4, 96, generator=gen).to(torch.float16)
+    w = (torch.randn(64, 96, generator=gen) / 10).to(torch.float16)
+    mask = torch.rand(4, 2, generator=gen) < 0.7
+    for _ in range(3):
+        y = lin.output_group_linear(x, w, mask, 32, path="gemv", config={"SPLIT": 3})
+        _check(y, ref.output_group_linear_reference(x, w, mask, 32), x.dtype, mask, 32)
+        assert not arrival_counters(8, torch.device("cpu")).any()
+    bigger = arrival_counters(counters.numel() + 1, torch.device("cpu"))
+    assert bigger.numel() > counters.numel() and not bigger.any()
+    assert arrival_counters(1, torch.device("cpu")) is bigger
