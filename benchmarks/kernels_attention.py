@@ -400,6 +400,8 @@ def main() -> None:
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also sweep launch configs (written to *_sweep.json)")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="only the decode table (the prefill rows and their targets are left out)")
     args = parser.parse_args()
     torch.manual_seed(0)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -414,7 +416,8 @@ def main() -> None:
             json.dump({"versions": versions(), "sweep": sweep}, f, indent=1)
     rows, rel_errs = [], []
     lengths = [1024, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
-    bench_prefill(lengths, ceilings, rows, rel_errs)
+    if not args.decode_only:
+        bench_prefill(lengths, ceilings, rows, rel_errs)
     batches, kv_lens = ([1, 16], [1024, 32768]) if args.quick else ([1, 4, 16], [1024, 4096, 16384, 32768])
     bench_decode(batches, kv_lens, ceilings, rows, rel_errs)
     result = {
