@@ -43,6 +43,7 @@ import wide_compile.kernel_ops  # noqa: F401  (registers the lowered ops)
 import wide_compile.router_mask_op  # noqa: F401  (registers wide::router_mask)
 
 from .attention_lowering import lower_attention_queries
+from .dense_siblings import fuse_dense_siblings
 from .router_lowering import lower_router_decisions
 from .torch_patterns import (
     activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank, wide_op_name,
@@ -207,12 +208,13 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
 
 
 def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
-                        one_token_routers: str = "reduction") -> LoweringResult:
+                        one_token_routers: str = "reduction", dense_siblings: bool = True) -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
     ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the
     token count is in the range where it measured faster, and one-token decisions as ``one_token_routers`` says
-    (``passes/router_lowering.py``)."""
+    (``passes/router_lowering.py``). ``dense_siblings``: last, join each lowered query projection and the dense
+    linears of its input (key, value) into one op (``passes/dense_siblings.py``; inference graphs only)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:
@@ -224,6 +226,11 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
     result.generic.extend(reasons)
     lower_gated_mlps(gm.graph, result, skip)
     lower_masked_linears(gm.graph, result, skip)
+    if dense_siblings:
+        fused, sibling_reasons = fuse_dense_siblings(gm.graph, skip)
+        if fused:
+            result.lowered["output_group_linear_with_dense"] = fused
+        result.generic.extend(sibling_reasons)
     gm.graph.lint()
     gm.recompile()
     return result

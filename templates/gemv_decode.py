@@ -59,12 +59,14 @@ if HAS_TRITON:
     @triton.jit
     def _output_groups_gemv_kernel(
         x_ptr, w_ptr, w2_ptr, b_ptr, y_ptr, mask_ptr, ws_ptr, counter_ptr,
-        M, N, K, G,
+        d0_ptr, d1_ptr, db0_ptr, db1_ptr, yd0_ptr, yd1_ptr,
+        M, N, K, G, ND,
         GROUP_SIZE: tl.constexpr,
         TILES_PER_GROUP: tl.constexpr,
         GATED: tl.constexpr,
         ACTIVATION: tl.constexpr,
         HAS_BIAS: tl.constexpr,
+        DENSE: tl.constexpr,
         SPLIT: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -79,15 +81,34 @@ if HAS_TRITON:
         pid = tl.program_id(0)
         split = pid % SPLIT
         tile = pid // SPLIT
-        g = tile // TILES_PER_GROUP
-        offs_gn = (tile % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
-        valid_n = offs_gn < GROUP_SIZE
-        offs_n = g * GROUP_SIZE + offs_gn
-        offs_nc = g * GROUP_SIZE + tl.minimum(offs_gn, GROUP_SIZE - 1)  # clamped: loads need no mask
         offs_t = tl.arange(0, BLOCK_T)
         valid_t = offs_t < M
-        tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
-        y_ptrs = y_ptr + offs_t[None, :] * N + offs_n[:, None]
+        grouped_tiles = G * TILES_PER_GROUP
+        if DENSE > 0 and tile >= grouped_tiles:  # a tile of a dense sibling (every token, no mask)
+            dense_tiles = tl.cdiv(ND, BLOCK_N)
+            which = (tile - grouped_tiles) // dense_tiles
+            offs_n = ((tile - grouped_tiles) % dense_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+            valid_n = offs_n < ND
+            offs_nc = tl.minimum(offs_n, ND - 1)  # clamped: loads need no mask
+            tok_on = valid_t
+            if which == 0:
+                w_base = d0_ptr
+                b_base = db0_ptr
+                y_ptrs = yd0_ptr + offs_t[None, :] * ND + offs_n[:, None]
+            else:
+                w_base = d1_ptr
+                b_base = db1_ptr
+                y_ptrs = yd1_ptr + offs_t[None, :] * ND + offs_n[:, None]
+        else:
+            g = tile // TILES_PER_GROUP
+            offs_gn = (tile % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
+            valid_n = offs_gn < GROUP_SIZE
+            offs_n = g * GROUP_SIZE + offs_gn
+            offs_nc = g * GROUP_SIZE + tl.minimum(offs_gn, GROUP_SIZE - 1)  # clamped: loads need no mask
+            tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
+            w_base = w_ptr
+            b_base = b_ptr
+            y_ptrs = y_ptr + offs_t[None, :] * N + offs_n[:, None]
         out_mask = valid_n[:, None] & valid_t[None, :]
         if tl.max(tok_on.to(tl.int32), axis=0) == 0:  # no token of the batch uses this group
             if split == 0:
@@ -98,7 +119,7 @@ if HAS_TRITON:
             k_stop = tl.minimum(K, k_begin + k_len)
             offs_k = tl.arange(0, BLOCK_K)
             w_off = offs_nc.to(tl.int64)[:, None] * K + (k_begin + offs_k)[None, :]
-            w_ptrs = w_ptr + w_off
+            w_ptrs = w_base + w_off
             w2_ptrs = w2_ptr + w_off
             x_ptrs = x_ptr + offs_t[None, :] * K + (k_begin + offs_k)[:, None]
             acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
@@ -136,7 +157,7 @@ if HAS_TRITON:
                 if GATED:
                     acc = activation_fn(acc, ACTIVATION) * acc2
                 if HAS_BIAS:
-                    acc += tl.load(b_ptr + offs_nc).to(tl.float32)[:, None]
+                    acc += tl.load(b_base + offs_nc).to(tl.float32)[:, None]
                 acc = tl.where(tok_on[None, :], acc, 0.0)
                 tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
@@ -256,15 +277,26 @@ def output_groups_gemv(
     activation: str = "silu",
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    dense: tuple[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], ...] = (),
 ) -> torch.Tensor:
-    """``y[M, N]`` for output groups (``w_up`` given: fused ``act(x@W.T) * (x@Wu.T)``), M <= 16."""
+    """``y[M, N]`` for output groups (``w_up`` given: fused ``act(x@W.T) * (x@Wu.T)``), M <= 16.
+
+    ``dense``: up to two more linears of the same ``x``, ``(weight[ND, K], bias or None, out[M, ND])`` with one ``ND``,
+    dtype and bias presence shared with ``weight`` / ``bias`` (e.g. the key and value projections beside the query
+    projection), computed for every token in the same launch (their tiles after the grouped ones) into ``out``."""
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
     gated = w_up is not None
+    if len(dense) > 2 or (dense and gated):
+        raise ValueError("output_groups_gemv: at most two dense linears, and not with the gated form")
+    nd = dense[0][0].shape[0] if dense else 0
+    if any(w.shape != (nd, k_dim) or w.dtype != weight.dtype or (b is None) != (bias is None) for w, b, _ in dense):
+        raise ValueError("output_groups_gemv: dense linears need weights [ND, K] of one ND and the weight's dtype, and "
+                         "a bias exactly when the grouped linear has one")
     cfg = dict(output_config(group_size, k_dim, gated), **(config or {}))
     block_n, block_k = cfg["BLOCK_N"], min(cfg["BLOCK_K"], max(16, next_pow2(k_dim)))
     tiles_per_group = cdiv(group_size, block_n)
-    tiles = (n_dim // group_size) * tiles_per_group
+    tiles = (n_dim // group_size) * tiles_per_group + len(dense) * cdiv(nd, block_n)
     split = int(cfg.get("SPLIT", 0))
     if split <= 0:
         split = _auto_split(tiles, max(1, k_dim // (2 * block_k)))
@@ -272,14 +304,17 @@ def output_groups_gemv(
     block_t = max(16, next_pow2(num_tokens))
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, block_n, block_t) if split > 1 else (x, x)
+    pads = [*dense, *(dense[-1:] if dense else [(weight, bias, y)]) * (2 - len(dense))]  # unused slots: any pointer
     _output_groups_gemv_kernel[(tiles * split,)](
         x, weight, w_up if gated else weight, bias if bias is not None else x, y, mask_rows, ws, counters,
-        num_tokens, n_dim, k_dim, n_dim // group_size,
+        pads[0][0], pads[1][0], *(b if b is not None else x for _, b, _ in pads[:2]), pads[0][2], pads[1][2],
+        num_tokens, n_dim, k_dim, n_dim // group_size, max(nd, 1),
         GROUP_SIZE=group_size,
         TILES_PER_GROUP=tiles_per_group,
         GATED=gated,
         ACTIVATION=ACTIVATION_CODES[activation],
         HAS_BIAS=bias is not None,
+        DENSE=len(dense),
         SPLIT=split,
         BLOCK_T=block_t,
         BLOCK_N=block_n,

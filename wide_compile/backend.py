@@ -42,7 +42,9 @@ Arguments that reach the backend:
   residual; False keeps them unfused) and ``"wide.one_token_routers"`` (``"reduction"`` default: a one-token
   decision becomes broadcast multiplies and sums that Inductor fuses into two kernels, 4.2 µs compiled on the H200
   at Llama-3-8B's attention router against 9.8 µs for the compiled matmul form and 9.8 µs for the best fused-kernel
-  configuration (``benchmarks/results/kernels_router.md``); ``"unfused"`` keeps the matmul form: cuBLAS GEMVs).
+  configuration (``benchmarks/results/kernels_router.md``); ``"unfused"`` keeps the matmul form: cuBLAS GEMVs) and
+  ``"wide.fuse_dense_siblings"`` (bool, default True: each lowered query projection and the dense linears of its
+  input, the key and value projections, become one op, one GEMV launch at decode; ``passes/dense_siblings.py``).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
   options (``torch._inductor.list_mode_options(mode)``).
 - ``dynamic=`` of ``torch.compile`` acts in Dynamo and needs nothing here.
@@ -68,7 +70,7 @@ __all__ = ["BACKEND_NAME", "WideBackendWarning", "compile_report", "reset_compil
 
 BACKEND_NAME = "wide"
 INNER_COMPILERS = ("inductor", "aot_eager", "eager")
-_OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers", "wide.one_token_routers")
+_OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers", "wide.one_token_routers", "wide.fuse_dense_siblings")
 
 
 class WideBackendWarning(UserWarning):
@@ -82,6 +84,7 @@ class BackendSettings:
     inductor_options: dict = field(default_factory=dict)
     fuse_routers: bool = True
     one_token_routers: str = "reduction"
+    fuse_dense_siblings: bool = True
 
 
 def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
@@ -95,7 +98,9 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
         raise ValueError(f"wide backend: unknown option(s) {unknown}; known: {list(_OWN_OPTIONS)}")
     rewrite, inner = own.get("wide.rewrite", True), own.get("wide.inner", "inductor")
     fuse_routers = own.get("wide.fuse_routers", True)
-    for name, value in (("wide.rewrite", rewrite), ("wide.fuse_routers", fuse_routers)):
+    siblings = own.get("wide.fuse_dense_siblings", True)
+    for name, value in (("wide.rewrite", rewrite), ("wide.fuse_routers", fuse_routers),
+                        ("wide.fuse_dense_siblings", siblings)):
         if not isinstance(value, bool):
             raise ValueError(f"wide backend: option {name!r} must be a bool, got {value!r}")
     from wide_compile.passes.router_lowering import ONE_TOKEN_FORMS
@@ -116,7 +121,7 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     if bad:
         raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
     return BackendSettings(rewrite, inner, {**list_mode_options(mode or "default"), **options}, fuse_routers,
-                           one_token)
+                           one_token, siblings)
 
 
 _warned_plain = False
@@ -162,7 +167,8 @@ def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None 
     if not wide_ops:
         _warn_plain_once()
     rewrite = settings.rewrite and wide_ops
-    result = (lower_wide_patterns(gm, fuse_routers=settings.fuse_routers, one_token_routers=settings.one_token_routers)
+    result = (lower_wide_patterns(gm, fuse_routers=settings.fuse_routers, one_token_routers=settings.one_token_routers,
+                                  dense_siblings=settings.fuse_dense_siblings)
               if rewrite else LoweringResult())
     compiled = _inner_compile(gm, example_inputs, settings)
     compile_id = torch._guards.CompileContext.current_compile_id()
