@@ -72,21 +72,15 @@ def main() -> None:
         print(f"prefill BM={m} BN={n} w={w} s={s} mask={kind}: smem={k.metadata.shared} "
               f"wgmma={ptx.count('wgmma.mma_async')} cp.async={ptx.count('cp.async.cg')} :: {_ptxas_report(ptx)}")
     dec_ptrs = {"Q": bf, "K": bf, "V": bf, "MASK": "*u8", "O": bf, "PART_O": "*fp32", "PART_LSE": "*fp32",
-                "AMASK": "*u8", "COUNTERS": "*i32"}
-    for n, w, s, causal, amask, gdc, one in [(64, 4, 3, True, False, False, False),
-                                             (128, 4, 3, True, False, False, False),
-                                             (128, 8, 3, True, False, False, False),
-                                             (64, 4, 2, False, True, False, False),
-                                             (128, 4, 3, False, True, False, False),
-                                             (128, 4, 3, False, True, True, False),
-                                             (64, 4, 2, True, False, False, True),
-                                             (128, 4, 3, False, True, False, True)]:
+                "AMASK": "*u8"}
+    for n, w, s, causal, amask, gdc in [(64, 4, 3, True, False, False), (128, 4, 3, True, False, False),
+                                        (128, 8, 3, True, False, False), (64, 4, 2, False, True, False),
+                                        (128, 4, 3, False, True, False), (128, 4, 3, False, True, True)]:
         consts = dict(Q_PER_KV=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, IS_CAUSAL=causal, HAS_AMASK=amask,
-                      DIRECT_OUT=False, INPUT_PRECISION="tf32", BLOCK_N=n, USE_GDC=gdc, ONE_LAUNCH=one)
+                      DIRECT_OUT=False, INPUT_PRECISION="tf32", BLOCK_N=n, USE_GDC=gdc)
         k = _compile(_decode_split_kernel, dec_ptrs, consts, ("qk_scale",), w, s)
         ptx = k.asm["ptx"]
-        print(f"decode BN={n} w={w} s={s} mask={'explicit' if amask else 'causal'}{' pdl' if gdc else ''}"
-              f"{' one-launch' if one else ''}: "
+        print(f"decode BN={n} w={w} s={s} mask={'explicit' if amask else 'causal'}{' pdl' if gdc else ''}: "
               f"smem={k.metadata.shared} wgmma={ptx.count('wgmma.mma_async')} mma.sync={ptx.count('mma.sync')} "
               f"cp.async={ptx.count('cp.async.cg')} griddepcontrol={ptx.count('griddepcontrol')} :: "
               f"{_ptxas_report(ptx)}")

@@ -5,12 +5,9 @@ For T = 1..16 new tokens per sequence and long KV caches the work is bound by re
 are read once for all of them (GQA packing). If no row of the program is active (all its query heads are masked off
 for all its tokens) the program reads nothing: that is where the skipped (batch, group) pairs save bandwidth.
 
-Partial results (``acc / l`` and ``lse`` in the log2 domain, fp32) of the chunks are combined, with exact zeros for
-inactive rows. Up to ``ONE_LAUNCH_MAX_SPLITS`` chunks that happens in the same launch: each program of a
-(batch, KV head) stores its partial and increments the pair's arrival counter (``arrival_counters``: zero between
-launches), and the last to arrive merges the partials in chunk order. More chunks go to a small reduction kernel
-(parallel over rows: one program merging 64 chunks would be a long serial chain). With a single chunk the split kernel
-writes the output directly. No launch takes a host synchronisation, so decode steps capture into CUDA graphs.
+Partial results (``acc / l`` and ``lse`` in the log2 domain, fp32) of the chunks are combined by a small reduction
+kernel that also writes exact zeros for inactive rows. With a single chunk the split kernel writes the output directly
+and no reduction is launched. Both launches take no host synchronisation, so decode steps capture into CUDA graphs.
 
 With an explicit boolean ``attn_mask`` (a static KV cache's mask) instead of ``causal``, each key block reads the mask
 of its rows; the K/V loads of a block no active row may see are predicated off (no bytes read) rather than branched
@@ -26,7 +23,6 @@ import triton.language as tl
 
 from ._triton_utils import sm_count
 from .attention_block import attend_block
-from .arrival_counters import arrival_counters
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
 from .dependent_launch import pdl_launch
 
@@ -39,7 +35,7 @@ _MAX_SPLITS = 64
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, MASK, O, PART_O, PART_LSE, AMASK, COUNTERS,
+    Q, K, V, MASK, O, PART_O, PART_LSE, AMASK,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -49,7 +45,7 @@ def _decode_split_kernel(
     num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr, ONE_LAUNCH: tl.constexpr,
+    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
         tl.extra.cuda.gdc_wait()
@@ -111,33 +107,8 @@ def _decode_split_kernel(
             part_row = (bk * num_splits + split).to(tl.int64) * n_rows + offs_r
             tl.store(PART_LSE + part_row, lse, mask=row_ok)
             tl.store(PART_O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=io_mask)
-            if ONE_LAUNCH:  # the last split of this (batch, KV head) to arrive merges all partials
-                tl.debug_barrier()
-                arrived = tl.atomic_add(COUNTERS + bk, 1, sem="acq_rel")
-                if arrived == num_splits - 1:
-                    tl.debug_barrier()
-                    m_all = tl.zeros([BLOCK_R], dtype=tl.float32) - float("inf")
-                    l_all = tl.zeros([BLOCK_R], dtype=tl.float32)
-                    o_all = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-                    for s in range(0, num_splits):  # in split order: deterministic
-                        rows_s = (bk * num_splits + s).to(tl.int64) * n_rows + offs_r
-                        lse_s = tl.load(PART_LSE + rows_s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                        seen = lse_s > float("-inf")  # -inf: the mask hides every key of the chunk from the row
-                        o_s = tl.load(PART_O + rows_s[:, None] * HEAD_DIM + offs_d[None, :],
-                                      mask=io_mask & seen[:, None], other=0.0, cache_modifier=".cg")
-                        m_new = tl.maximum(m_all, lse_s)
-                        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-                        alpha = tl.math.exp2(m_all - m_ref)
-                        weight = tl.where(seen, tl.math.exp2(lse_s - m_ref), 0.0)
-                        o_all = o_all * alpha[:, None] + o_s * weight[:, None]
-                        l_all = l_all * alpha + weight
-                        m_all = m_new
-                    out = o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]
-                    out = tl.where(active[:, None], out, 0.0)
-                    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=io_mask)
-                    tl.atomic_xchg(COUNTERS + bk, 0)
     else:
-        if DIRECT_OUT or (ONE_LAUNCH and split == 0):  # no partials, no reduction: zeros here
+        if DIRECT_OUT:
             tl.store(o_ptrs, tl.zeros([BLOCK_R, BLOCK_D], dtype=O.dtype.element_ty), mask=io_mask)
 
 
@@ -194,7 +165,6 @@ MIN_CHUNK = 512
 SHORT_KV = 1024  # caches up to this length: see choose_num_splits
 DIRECT_MIN_PAIRS = 64  # ... with at least this many (batch, KV head) pairs skip the reduction launch
 SHORT_KV_CHUNK = 256  # ... with fewer pairs split into chunks of this many keys
-ONE_LAUNCH_MAX_SPLITS = 16  # up to this many chunks the last chunk's program merges them (no reduction launch)
 
 
 def _device_sm_count(device: torch.device) -> int:
@@ -287,7 +257,6 @@ def launch_decode(
         chunk = triton.cdiv(triton.cdiv(dims.kv_len, max(1, int(num_splits))), align) * align
         num_splits = triton.cdiv(dims.kv_len, chunk)
     direct = num_splits == 1
-    one_launch = not direct and num_splits <= ONE_LAUNCH_MAX_SPLITS
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
     block_r = max(16, triton.next_power_of_2(rows))
     if direct:
@@ -295,9 +264,8 @@ def launch_decode(
     else:
         part_o = torch.empty((batch_kv, num_splits, rows, dims.head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch_kv, num_splits, rows), dtype=torch.float32, device=q.device)
-    counters = arrival_counters(batch_kv, q.device) if one_launch else mask  # (unused unless one_launch)
     args = (
-        q, k, v, mask, out, part_o, part_lse, amask if amask is not None else mask, counters,
+        q, k, v, mask, out, part_o, part_lse, amask if amask is not None else mask,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -309,7 +277,7 @@ def launch_decode(
     )
     meta = {
         "Q_PER_KV": dims.q_per_kv, "HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "BLOCK_R": block_r,
-        "IS_CAUSAL": causal, "HAS_AMASK": amask is not None, "DIRECT_OUT": direct, "ONE_LAUNCH": one_launch,
+        "IS_CAUSAL": causal, "HAS_AMASK": amask is not None, "DIRECT_OUT": direct,
         "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }
     if config is None:
@@ -317,7 +285,7 @@ def launch_decode(
         config = decode_config(chunk, num_splits * batch_kv, sms, dims.head_dim, q.element_size())
     pdl = pdl_launch(q.device)
     _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config, **pdl)
-    if not direct and not one_launch:
+    if not direct:
         _decode_reduce_kernel[(rows, batch_kv)](
             part_o, part_lse, mask, out,
             mask.stride(0), mask.stride(1), mask.stride(2),
