@@ -149,6 +149,7 @@ DECODE_CASES = [
     (2, 4, 2, 2, 3, 70, 32, True, torch.float32, "none", 3),
     (1, 4, 2, 1, 3, 5, 32, True, torch.float32, "all", None),
     (2, 4, 1, 2, 3, 130, 32, False, torch.float32, "random", 5),  # chunks of 32 keys, last one ragged
+    (1, 4, 2, 2, 2, 600, 16, True, torch.float16, "random", 19),  # many chunks for the reduction kernel
 ]
 
 
@@ -291,6 +292,7 @@ MASKED_CASES = [
     (2, 4, 2, 2, 3, 130, 32, torch.float32, "random", "static_cache", 4),  # split-KV: some chunks fully hidden
     (1, 4, 2, 4, 3, 70, 16, torch.float16, "all", "random_per_head", 3),
     (2, 4, 4, 2, 2, 64, 32, torch.float32, "random", "padding_2d", 2),
+    (1, 4, 2, 2, 2, 600, 16, torch.float16, "random", "static_cache", 19),  # many chunks, some fully hidden
 ]
 
 
