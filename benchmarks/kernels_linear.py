@@ -73,7 +73,7 @@ def bench_graph(fns: list, reps: int = 25) -> float:
             f()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):  # the warm-up stream: per-stream state (arrival counters) is ready
         for f in fns:
             f()
     torch.cuda.synchronize()

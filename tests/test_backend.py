@@ -307,10 +307,13 @@ def test_rewrite_fires_on_a_captured_wide_model_graph():
 
 # ----------------------------------------------------------------------------------------------- backend, no Inductor
 @pytest.mark.parametrize("family, dtype, lowered", [
+    # (inference: the lowered query projections take their key / value projections along: *_with_dense)
     ("gemma", torch.float32, {"router_mask": 4, "output_group_linear": 2, "group_attention": 2,
-                              "gated_up_groups": 2, "masked_input_linear": 4}),  # gelu-tanh
+                              "gated_up_groups": 2, "masked_input_linear": 4,
+                              "output_group_linear_with_dense": 2}),  # gelu-tanh
     ("llama", torch.bfloat16, {"router_mask": 4, "output_group_linear": 2, "group_attention": 2,
-                               "gated_up_groups": 2, "masked_input_linear": 4}),  # bf16
+                               "gated_up_groups": 2, "masked_input_linear": 4,
+                               "output_group_linear_with_dense": 2}),  # bf16
     ("phi3", torch.float32, {"router_mask": 4, "masked_input_linear": 4}),  # fused gate_up: the down projection only
     ("gpt_neox", torch.float32, {"router_mask": 4, "masked_input_linear": 4}),  # plain gelu MLP
     ("gpt2", torch.float32, {"router_mask": 4}),  # Conv1D (addmm) projections: generic path (routers lowered)
@@ -349,7 +352,7 @@ def test_generate_with_kv_cache_through_the_backend_matches_eager():
     report = wide_compile.compile_report(compiled)
     # (attention cores too: with no SDPA mask (transformers 5.24's generate) or a boolean one (5.17))
     assert report.graphs and all(g.lowered == {"router_mask": 4, "output_group_linear": 2, "gated_up_groups": 2,
-                                               "masked_input_linear": 4,
+                                               "masked_input_linear": 4, "output_group_linear_with_dense": 2,
                                                **({"group_attention": 2} if "group_attention" in g.lowered else {})}
                                  for g in report.graphs)
 
@@ -400,7 +403,7 @@ def test_compile_report_is_per_model_and_counts_recompiles():
     assert report.graphs[0].wide_ops == {"router_logits": 2, "threshold_gate": 2, "group_mask": 2}
     assert report.graphs[1].wide_ops == {"group_mask": 2}  # forced: no routers in the graph
     assert report.lowered == {"router_mask": 2, "output_group_linear": 2, "group_attention": 2, "gated_up_groups": 2,
-                              "masked_input_linear": 4}
+                              "masked_input_linear": 4, "output_group_linear_with_dense": 2}
     assert "1 recompile(s)" in str(report) and "[0/1]" in str(report)
     assert wide_compile.compile_report(torch.nn.Linear(2, 2)).graphs == []  # never compiled
 
@@ -433,7 +436,7 @@ def test_inductor_generate_and_forward_match_eager(inductor_pair):
     report = wide_compile.compile_report(compiled)
     assert len(report.graphs) == 1 and report.recompiles == 0, str(report)  # one dynamic graph for all lengths
     assert report.lowered == {"output_group_linear": 2, "group_attention": 2, "gated_up_groups": 2,
-                              "masked_input_linear": 4}
+                              "masked_input_linear": 4, "output_group_linear_with_dense": 2}
     assert report.graphs[0].inner == "inductor" and report.graphs[0].options == INDUCTOR
 
 

@@ -196,3 +196,29 @@ def test_decode_gemvs_launch_one_kernel_each(weights):
     assert _buffers and all(not b.any() for b in _buffers.values())
     _check(q, output_group_linear_reference(x.float(), w_q.float(), mq, ATTN_GROUP), mq, ATTN_GROUP)
     _check(y, input_group_linear_reference(h.float(), w_d.float(), md, FFN_GROUP))
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 17])
+def test_query_with_key_value_projections_in_one_launch(weights, m):
+    """Llama-3-8B q (8 groups of 512) with k and v (1024 x 4096) as dense linears of the same launch (<= 16 tokens;
+    17: separate ops): each matches its reference; at one token the three are one kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
+
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    wq = weights["q"].bfloat16()
+    wk, wv = weights["down"][:1024, :HIDDEN].bfloat16(), weights["o"][:1024].bfloat16()
+    x = torch.randn(m, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16)
+    mask = _mask("random", m, HIDDEN // ATTN_GROUP, gen)
+    q, k, v = output_group_linear_with_dense(x, wq, mask, ATTN_GROUP, None, [wk, wv], [None, None])
+    _check(q, output_group_linear_reference(x.float(), wq.float(), mask, ATTN_GROUP), mask, ATTN_GROUP)
+    _check(k, x.float() @ wk.float().T)
+    _check(v, x.float() @ wv.float().T)
+    if m == 1:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            output_group_linear_with_dense(x, wq, mask, ATTN_GROUP, None, [wk, wv], [None, None])
+            torch.cuda.synchronize()
+        kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert kernels == ["_output_groups_gemv_kernel"], kernels

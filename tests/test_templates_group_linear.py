@@ -22,6 +22,7 @@ _KERNEL_MODULES = (
     "wide_compile.templates.gemm_input_groups",
     "wide_compile.templates.gemv_decode",
     "wide_compile.templates.group_linear",
+    "wide_compile.templates.group_linear_with_dense",
 )
 
 pytestmark = [
@@ -318,3 +319,45 @@ def test_split_kernels_leave_the_shared_arrival_counters_at_zero(k):
     bigger = arrival_counters(counters.numel() + 1, torch.device("cpu"))
     assert bigger.numel() > counters.numel() and not bigger.any()
     assert arrival_counters(1, torch.device("cpu")) is bigger
+
+
+@pytest.mark.parametrize("m", [1, 6, 16, 20])
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_output_groups_with_dense_linears(k, m, kind, with_bias):
+    """A grouped linear plus two dense linears of the same x (ragged ND = 40) in one GEMV launch (<= 16 tokens; above:
+    each from its own op), split-K or not: each result equals its reference, inactive groups exactly 0."""
+    gen = torch.Generator().manual_seed(hash((m, kind, with_bias)) % 2**31)
+    fused, ref = k["group_linear_with_dense"], k["ref"]
+    dtype, d, n, nd, gs = torch.float16, 96, 128, 40, 32
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    w, wk, wv = ((torch.randn(rows, d, generator=gen) / 10).to(dtype) for rows in (n, nd, nd))
+    b, bk, bv = ((torch.randn(rows, generator=gen).to(dtype) if with_bias else None) for rows in (n, nd, nd))
+    mask = _mask(kind, m, n // gs, gen)
+    for cfg in (None, {"SPLIT": 2}):
+        y, yk, yv = fused.output_group_linear_with_dense(x, w, mask, gs, b, [wk, wv], [bk, bv], config=cfg)
+        _check(y, ref.output_group_linear_reference(x, w, mask, gs, b), dtype, mask, gs)
+        for got, wd, bd in ((yk, wk, bk), (yv, wv, bv)):
+            _check(got, torch.nn.functional.linear(x.float(), wd.float(), None if bd is None else bd.float()), dtype)
+
+
+def test_output_groups_with_dense_falls_back_and_checks(k):
+    """Dense linears of different sizes, or a bias only on some, run as separate ops (same values); bad dense
+    arguments raise clear errors."""
+    fused, ref = k["group_linear_with_dense"], k["ref"]
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 64, generator=gen).to(torch.float16)
+    w = (torch.randn(64, 64, generator=gen) / 8).to(torch.float16)
+    wa, wb = (torch.randn(32, 64, generator=gen) / 8).to(torch.float16), (torch.randn(48, 64, generator=gen) / 8).to(
+        torch.float16)
+    mask = torch.rand(3, 2, generator=gen) < 0.5
+    y, ya, yb = fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa, wb], [None, torch.ones(48).half()])
+    _check(y, ref.output_group_linear_reference(x, w, mask, 32), torch.float16, mask, 32)
+    _check(ya, x.float() @ wa.float().T, torch.float16)
+    _check(yb, x.float() @ wb.float().T + 1, torch.float16)
+    with pytest.raises(ValueError, match=r"dense_weights\[0\] must be a 2-D tensor \[N, K=64\]"):
+        fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa[:, :60]], [None])
+    with pytest.raises(TypeError, match=r"dense_weights\[0\] must be torch.float16"):
+        fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa.float()], [None])
+    with pytest.raises(ValueError, match="2 dense weights but 1 dense biases"):
+        fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa, wa], [None])

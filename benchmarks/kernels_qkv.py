@@ -1,0 +1,80 @@
+"""The query projection with the key and value projections in one decode launch vs what the model runs without it.
+
+    python3 benchmarks/kernels_qkv.py --out benchmarks/results
+
+Llama-3-8B attention projections (q: 4096 x 4096 in 8 groups of 512, 50% random per-token group masks; k, v:
+1024 x 4096, dense) at 1-16 tokens, bf16. "separate": our group-skipping q GEMV, then cuBLAS for k and v (three or
+more launches: cuBLAS adds split-K reductions); "joined": ``output_group_linear_with_dense`` (one GEMV launch,
+``passes/dense_siblings.py`` puts it in the compiled model); "dense": cuBLAS for all three. Median µs per call of
+CUDA-graph replays over rotated weight copies (every call misses in L2). Prints ``JOINED_FASTER=1`` when "joined"
+beats "separate" at every token count (the backend's ``wide.fuse_dense_siblings`` default).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels_linear import bench_graph  # noqa: E402
+
+from wide_compile.templates import output_group_linear  # noqa: E402
+from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense  # noqa: E402
+
+HIDDEN, KV, GROUP = 4096, 1024, 512
+TOKENS = (1, 2, 4, 8, 16)
+ROTATIONS = 8  # 8 x 50 MB of weights: far beyond the 50 MB L2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)
+
+    weights = [(rand(HIDDEN, HIDDEN), rand(KV, HIDDEN), rand(KV, HIDDEN)) for _ in range(ROTATIONS)]
+    rows = []
+    for m in TOKENS:
+        xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(ROTATIONS)]
+        masks = [torch.rand(m, HIDDEN // GROUP, generator=gen, device="cuda") < 0.5 for _ in range(ROTATIONS)]
+        calls = list(zip(xs, masks, weights))
+        forms = {
+            "separate": lambda x, mk, w: (output_group_linear(x, w[0], mk, GROUP), F.linear(x, w[1]), F.linear(x, w[2])),
+            "joined": lambda x, mk, w: output_group_linear_with_dense(x, w[0], mk, GROUP, None, [w[1], w[2]],
+                                                                      [None, None]),
+            "dense": lambda x, mk, w: (F.linear(x, w[0]), F.linear(x, w[1]), F.linear(x, w[2])),
+        }
+        row = {"M": m}
+        for name, fn in forms.items():
+            row[f"{name}_us"] = bench_graph([lambda c=c, fn=fn: fn(*c) for c in calls])
+        q_sep, k_sep, v_sep = forms["separate"](*calls[0])
+        q_j, k_j, v_j = forms["joined"](*calls[0])
+        row["max_abs_diff"] = max((a.float() - b.float()).abs().max().item()
+                                  for a, b in ((q_sep, q_j), (k_sep, k_j), (v_sep, v_j)))
+        row["joined_over_separate"] = row["separate_us"] / row["joined_us"]
+        rows.append(row)
+        print(f"M={m:2d}  separate {row['separate_us']:6.1f} µs  joined {row['joined_us']:6.1f} µs  dense "
+              f"{row['dense_us']:6.1f} µs  separate/joined {row['joined_over_separate']:.2f}x  "
+              f"max |diff| {row['max_abs_diff']:.1e}", flush=True)
+    faster = all(r["joined_us"] < r["separate_us"] for r in rows)
+    print(f"JOINED_FASTER={int(faster)}")
+    meta = {"command": f"python3 benchmarks/kernels_qkv.py --out {args.out}", "gpu": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "WIDE_PDL": os.environ.get("WIDE_PDL", "0")}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "kernels_qkv.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "joined_faster_everywhere": faster}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
