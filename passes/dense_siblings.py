@@ -5,9 +5,9 @@ the other linears of the same ``x`` are usually the key and value projections (d
 At batch-1 decode each is a cuBLAS GEMV plus its split-K reduction; as dense outputs of the query's op they become
 more programs of one launch (``wide_compile/dense_siblings_op.py``). The rewrite is exact whatever the siblings are
 (each output is the same linear of ``x``), so it needs no architecture knowledge. Fused per query projection: up to
-two linears of ``x`` whose weights share one shape (the most frequent shape among them: the key and value
-projections rather than the input projection of a parallel MLP, as in Phi or GPT-J), the query's dtype and device,
-and whose bias presence equals the query's. Kept apart, with the reason in ``LoweringResult.generic``: anything that needs a
+two linears of ``x`` whose weights share one shape (a pair first, then the most output rows: the key and value
+projections, not a parallel MLP's input projection as in Phi or GPT-J, nor the down-projections of LoRA adapters),
+the query's dtype and device, and whose bias presence equals the query's. Kept apart, with the reason in ``LoweringResult.generic``: anything that needs a
 gradient (training: the op has no backward), linears in autocast regions, and siblings whose weights or the mask
 are computed after the earliest of the projections and cannot move.
 """
@@ -56,8 +56,9 @@ def _siblings(query: fx.Node, skip: set[fx.Node]) -> list[fx.Node]:
     by_shape: dict[tuple, list[fx.Node]] = {}
     for node in found:
         by_shape.setdefault(_weight_key(node), []).append(node)
-    # the largest set of one weight shape (key and value projections; not e.g. a parallel MLP's input projection)
-    best = max(by_shape.values(), key=len, default=[])
+    # one weight shape: a pair before a single linear (key and value projections, not a parallel MLP's input
+    # projection), then the most output rows (key / value rather than LoRA adapters' down-projections of x)
+    best = max(by_shape.items(), key=lambda kv: (min(len(kv[1]), MAX_SIBLINGS), kv[0][0][0]), default=(None, []))[1]
     return best[:MAX_SIBLINGS]
 
 

@@ -72,3 +72,24 @@ def test_training_graphs_keep_the_projections_apart():
 def test_option_must_be_a_bool():
     with pytest.raises(ValueError, match="'wide.fuse_dense_siblings' must be a bool"):
         wide_compile.backend.parse_settings(None, {"wide.fuse_dense_siblings": "yes"})
+
+
+def test_with_lora_adapters_the_base_key_and_value_projections_join():
+    """PEFT LoRA on q, k, v at inference: the adapters' down-projections also read x (three linears of one shape), but
+    the base key and value projections (the most output rows) are the ones joined; logits equal eager."""
+    peft = pytest.importorskip("peft")
+    model = wide_model("llama")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"], lora_dropout=0.0,
+                             init_lora_weights=False)
+    model = peft.get_peft_model(model, config)
+    ids = torch.randint(3, 120, (1, 1), generator=torch.Generator().manual_seed(3))
+    compiled = through_backend(model)
+    with torch.no_grad(), wide_compile.forced(model, random_masks(model, 1, 1)):
+        torch.testing.assert_close(compiled(input_ids=ids, use_cache=False).logits,
+                                   model(input_ids=ids, use_cache=False).logits, rtol=0, atol=0)
+    (graph,) = wide_compile.compile_report(model).graphs
+    joined = [n for n in graph.graph_module.graph.nodes if n.op == "call_function" and n.target is op.default]
+    assert len(joined) == 2
+    for node in joined:
+        names = [w.name for w in node.args[5]]
+        assert "k_proj" in names[0] and "v_proj" in names[1] and all("base_layer" in n for n in names), names
