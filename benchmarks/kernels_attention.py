@@ -411,7 +411,9 @@ def main() -> None:
     if args.sweep:
         sweep = []
         sweep_prefill([1024, 4096, 8192, 32768], sweep)
-        sweep_decode([(1, 4096), (1, 32768), (4, 16384), (16, 1024), (16, 4096), (16, 32768)], sweep)
+        # (+ the end-to-end benchmark's decode: a static cache of 2048 slots at batch 1 / 8 / 32)
+        sweep_decode([(1, 2048), (8, 2048), (32, 2048), (1, 4096), (1, 32768), (4, 16384), (16, 1024), (16, 4096),
+                      (16, 32768)], sweep)
         with open(os.path.join(args.out_dir, "kernels_attention_sweep.json"), "w") as f:
             json.dump({"versions": versions(), "sweep": sweep}, f, indent=1)
     rows, rel_errs = [], []
