@@ -5,7 +5,8 @@
 
 Shapes are small and ragged (token counts, N, K, head counts and key lengths that are not multiples of any tile), so
 the masked edges of every kernel run; the same case also checks the result against the PyTorch reference (a
-sanitizer run that computes garbage would be no check). Paths: the decode GEMVs (split-K), the prefill GEMMs with
+sanitizer run that computes garbage would be no check). Paths: the decode GEMVs (split-K; the output-group one also
+with two dense linears in the same launch), the prefill GEMMs with
 token reordering, the fused gate/up, the input-group GEMM, the router decision (decode split, tensor-core split),
 mask extents, and attention prefill (causal, explicit mask: both passes) and decode (split-KV, explicit mask).
 Prints one line per case and exits 1 if a result is wrong (compute-sanitizer's own exit code reports accesses).
@@ -23,6 +24,7 @@ from wide_compile.templates import (
     output_group_linear_reference,
 )
 from wide_compile.templates.attention_mask_extents import mask_extents, mask_extents_reference
+from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
 from wide_compile.templates.router_mask import router_mask
 from wide_compile.templates.router_mask_reference import router_logits_reference, router_mask_reference
 
@@ -57,6 +59,10 @@ def linear_cases(gen, tokens_list) -> list[bool]:
                           output_group_linear_reference(x, w, om, gs)))
         out.append(_close(f"gated_up_groups M={m}", gated_up_groups(x, wg, wu, om, gs),
                           gated_up_groups_reference(x, wg, wu, om, gs)))
+        wk, wv = _randn(72, k, gen=gen) / k**0.5, _randn(72, k, gen=gen) / k**0.5  # dense siblings, ragged N
+        joined = output_group_linear_with_dense(x, w, om, gs, None, [wk, wv], [None, None])
+        out.append(_close(f"output_group_linear_with_dense M={m}", torch.cat(joined, -1), torch.cat(
+            [output_group_linear_reference(x, w, om, gs), x.float() @ wk.float().T, x.float() @ wv.float().T], -1)))
         h = _randn(m, n, gen=gen)
         for path in ("auto", "gemm") if m > 16 else ("auto",):
             out.append(_close(f"input_group_linear M={m} path={path}", input_group_linear(h, wd, om, gs, path=path),
