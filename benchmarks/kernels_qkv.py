@@ -49,7 +49,8 @@ def main() -> None:
         masks = [torch.rand(m, HIDDEN // GROUP, generator=gen, device="cuda") < 0.5 for _ in range(ROTATIONS)]
         calls = list(zip(xs, masks, weights))
         forms = {
-            "separate": lambda x, mk, w: (output_group_linear(x, w[0], mk, GROUP), F.linear(x, w[1]), F.linear(x, w[2])),
+            "separate": lambda x, mk, w: (output_group_linear(x, w[0], mk, GROUP), F.linear(x, w[1]),
+                                          F.linear(x, w[2])),
             "joined": lambda x, mk, w: output_group_linear_with_dense(x, w[0], mk, GROUP, None, [w[1], w[2]],
                                                                       [None, None]),
             "dense": lambda x, mk, w: (F.linear(x, w[0]), F.linear(x, w[1]), F.linear(x, w[2])),

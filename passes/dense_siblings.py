@@ -7,9 +7,10 @@ more programs of one launch (``wide_compile/dense_siblings_op.py``). The rewrite
 (each output is the same linear of ``x``), so it needs no architecture knowledge. Fused per query projection: up to
 two linears of ``x`` whose weights share one shape (a pair first, then the most output rows: the key and value
 projections, not a parallel MLP's input projection as in Phi or GPT-J, nor the down-projections of LoRA adapters),
-the query's dtype and device, and whose bias presence equals the query's. Kept apart, with the reason in ``LoweringResult.generic``: anything that needs a
-gradient (training: the op has no backward), linears in autocast regions, and siblings whose weights or the mask
-are computed after the earliest of the projections and cannot move.
+the query's dtype and device, and whose bias presence equals the query's. Kept apart, with the reason in
+``LoweringResult.generic`` where one applies: anything that needs a gradient (training: the op has no backward),
+linears in autocast regions, and projections whose weights or mask are computed after the earliest of them and cannot
+move.
 """
 from __future__ import annotations
 
@@ -62,12 +63,18 @@ def _siblings(query: fx.Node, skip: set[fx.Node]) -> list[fx.Node]:
     return best[:MAX_SIBLINGS]
 
 
-def _why_not(query: fx.Node, siblings: list[fx.Node], first: fx.Node, order: dict) -> str | None:
-    late = [n for s in siblings for n in (arg(s, 1, "weight"), arg(s, 2, "bias"))
+def _weight_and_bias(node: fx.Node) -> tuple:
+    """(weight, bias) arguments of a linear or of the query's ``output_group_linear``."""
+    if is_linear(node):
+        return arg(node, 1, "weight"), arg(node, 2, "bias")
+    return arg(node, 2, "weight"), arg(node, 3, "bias")
+
+
+def _late_weight(linears: tuple[fx.Node, ...], first: fx.Node, order: dict) -> str | None:
+    """Why the joined op cannot go before ``first``: a weight or bias computed after it (e.g. a cast), or None."""
+    late = [n for node in linears for n in _weight_and_bias(node)
             if isinstance(n, fx.Node) and order[n] >= order[first]]
-    if late:
-        return f"{late[0].name} (a sibling's weight or bias) is computed after {first.name}"
-    return None
+    return f"{late[0].name} (a weight or bias) is computed after {first.name}" if late else None
 
 
 def fuse_dense_siblings(graph: fx.Graph, skip: set[fx.Node]) -> tuple[int, list[str]]:
@@ -82,7 +89,7 @@ def fuse_dense_siblings(graph: fx.Graph, skip: set[fx.Node]) -> tuple[int, list[
             continue
         order = _node_order(graph)
         first = min((query, *siblings), key=order.__getitem__)
-        why = _why_not(query, siblings, first, order)
+        why = _late_weight((query, *siblings), first, order)
         hoist = _nodes_to_hoist(query.args[1], first, order) if why is None else why
         if isinstance(hoist, str):
             reasons.append(f"{query.name}: dense linears {[s.name for s in siblings]} stay apart: {hoist}")
