@@ -93,3 +93,33 @@ def test_with_lora_adapters_the_base_key_and_value_projections_join():
     for node in joined:
         names = [w.name for w in node.args[5]]
         assert "k_proj" in names[0] and "v_proj" in names[1] and all("base_layer" in n for n in names), names
+
+
+def test_a_weight_computed_after_the_query_keeps_the_projections_apart_with_a_reason():
+    """The joined op would go before the first projection; a sibling's weight computed later (here a scaled value
+    weight) cannot move there: the projections stay apart, the reason is reported, the result is unchanged."""
+    from test_backend_attention import capture
+
+    from wide_compile.passes.lowering import lower_wide_patterns
+
+    heads, dim, gs = 4, 16, 32
+
+    def block(x, m, wq, wk, wv, wo):
+        b, t, _ = x.shape
+        q = F.linear(x, wq).view(b, t, heads, dim).transpose(1, 2)
+        k = F.linear(x, wk).view(b, t, heads, dim).transpose(1, 2)
+        v = F.linear(x, wv * 0.5).view(b, t, heads, dim).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, heads * dim)
+        return F.linear(torch.ops.wide.group_mask(a, m, gs), wo)
+
+    gen = torch.Generator().manual_seed(1)
+    args = (torch.randn(2, 5, 48, generator=gen), (torch.rand(2, 5, 2, generator=gen) > 0.5).float(),
+            *(torch.randn(64, 48, generator=gen) / 7 for _ in range(3)), torch.randn(48, 64, generator=gen) / 8)
+    gm, example = capture(block, *args)
+    with torch.no_grad():
+        expected = gm(*example)
+        result = lower_wide_patterns(gm)
+        actual = gm(*example)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert result.lowered.get("output_group_linear") == 1 and FUSED not in result.lowered
+    assert [why for why in result.generic if "stay apart" in why and "is computed after" in why], result.generic
