@@ -39,11 +39,11 @@ def _weight_key(linear: fx.Node) -> tuple | None:
     return None if w is None or w.dim() != 2 else (tuple(w.shape), w.dtype, w.device)
 
 
-def _siblings(query: fx.Node, skip: set[fx.Node]) -> list[fx.Node]:
+def _siblings(query: fx.Node, skip: set[fx.Node], order: dict) -> list[fx.Node]:
     x, bias = query.args[0], arg(query, 3, "bias")
     q_weight = example_value(query.args[2])
-    found = []
-    for user in x.users:
+    by_shape: dict[tuple, list[fx.Node]] = {}
+    for user in sorted(x.users, key=order.__getitem__):
         if user is query or not is_linear(user) or user in skip or arg(user, 0, "input") is not x or _needs_grad(user):
             continue
         key = _weight_key(user)
@@ -51,12 +51,7 @@ def _siblings(query: fx.Node, skip: set[fx.Node]) -> list[fx.Node]:
             continue
         if (arg(user, 2, "bias") is None) != (bias is None):
             continue
-        found.append(user)
-    order = _node_order(query.graph)
-    found.sort(key=order.__getitem__)
-    by_shape: dict[tuple, list[fx.Node]] = {}
-    for node in found:
-        by_shape.setdefault(_weight_key(node), []).append(node)
+        by_shape.setdefault(key, []).append(user)
     # one weight shape: a pair before a single linear (key and value projections, not a parallel MLP's input
     # projection), then the most output rows (key / value rather than LoRA adapters' down-projections of x)
     best = max(by_shape.items(), key=lambda kv: (min(len(kv[1]), MAX_SIBLINGS), kv[0][0][0]), default=(None, []))[1]
@@ -84,10 +79,10 @@ def fuse_dense_siblings(graph: fx.Graph, skip: set[fx.Node]) -> tuple[int, list[
     for query in [n for n in graph.nodes if n.op == "call_function" and n.target is _QUERY]:
         if _needs_grad(query):
             continue  # training graph: the fused op has no backward
-        siblings = _siblings(query, skip)
+        order = _node_order(graph)  # (fresh: each rewrite changes the graph)
+        siblings = _siblings(query, skip, order)
         if not siblings:
             continue
-        order = _node_order(graph)
         first = min((query, *siblings), key=order.__getitem__)
         why = _late_weight((query, *siblings), first, order)
         hoist = _nodes_to_hoist(query.args[1], first, order) if why is None else why

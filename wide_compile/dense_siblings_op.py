@@ -35,14 +35,18 @@ def _check(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Non
                          f"got {tuple(b.shape)}")
 
 
+def _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases) -> list[Tensor]:
+    return [mask_groups(F.linear(x, weight, bias), mask, group_size),
+            *(F.linear(x, w, b) for w, b in zip(dense_weights, dense_biases))]
+
+
 @torch.library.custom_op("wide::output_group_linear_with_dense", mutates_args=())
 def output_group_linear_with_dense(x: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, group_size: int,
                                    dense_weights: list[Tensor], dense_biases: list[Tensor | None]) -> list[Tensor]:
     """``[group_mask(linear(x, weight, bias), mask, group_size), *linear(x, w_i, b_i)]`` (see module docstring)."""
     _check_output_group_args(x, mask, weight, bias, group_size)
     _check(x, dense_weights, dense_biases)
-    return [mask_groups(F.linear(x, weight, bias), mask, group_size),
-            *(F.linear(x, w, b) for w, b in zip(dense_weights, dense_biases))]
+    return _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases)
 
 
 @output_group_linear_with_dense.register_fake
@@ -58,8 +62,7 @@ def output_group_linear_with_dense_kernel(x, mask, weight, bias, group_size, den
     _check_output_group_args(x, mask, weight, bias, group_size)
     _check(x, dense_weights, dense_biases)
     if not _kernel_ok(x, weight, bias, *dense_weights, *dense_biases):
-        return [mask_groups(F.linear(x, weight, bias), mask, group_size),
-                *(F.linear(x, w, b) for w, b in zip(dense_weights, dense_biases))]
+        return _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases)
     from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense as template
 
     return template(x, weight, mask, group_size, bias, list(dense_weights), list(dense_biases))
