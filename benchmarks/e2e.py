@@ -277,7 +277,7 @@ def profile_steps(run: Run, step, start: int, cache, steps: int = 10, rewind_eac
                 device_us = getattr(evt, "self_cuda_time_total", 0)
             rows.append({"name": evt.key[:120], "self_device_ms_per_step": device_us / 1e3 / steps, "count": evt.count})
         rows.sort(key=lambda r: -r["self_device_ms_per_step"])
-        return {"top": rows[:20], "total_device_ms_per_step": sum(r["self_device_ms_per_step"] for r in rows)}
+        return {"top": rows[:40], "total_device_ms_per_step": sum(r["self_device_ms_per_step"] for r in rows)}
     except Exception as exc:  # noqa: BLE001 - optional diagnostics
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 

@@ -165,6 +165,12 @@ MIN_CHUNK = 512
 SHORT_KV = 1024  # caches up to this length: see choose_num_splits
 DIRECT_MIN_PAIRS = 64  # ... with at least this many (batch, KV head) pairs skip the reduction launch
 SHORT_KV_CHUNK = 256  # ... with fewer pairs split into chunks of this many keys
+# With an explicit mask (a static cache: every slot is passed, the unfilled ones hidden) a program whose chunk the
+# mask hides reads only the mask, so short chunks cost little and spread the filled keys over more SMs (H200, 2048
+# slots filled to 1074, benchmarks/results/kernels_attention_static.json: B=1 8.6 vs 14.3 us with 512-key chunks,
+# B=8 15.5 vs 18.8 us, B=32 unchanged at 4 chunks).
+MASKED_MIN_CHUNK = 128
+MASKED_PROGRAMS_PER_SM = 8
 
 
 def _device_sm_count(device: torch.device) -> int:
@@ -195,10 +201,11 @@ def decode_config(chunk: int, programs: int, sm_count: int, head_dim: int = 128,
 
 
 def choose_num_splits(
-    batch_kv: int, kv_len: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM,
-    min_chunk: int = MIN_CHUNK,
+    batch_kv: int, kv_len: int, device: torch.device, programs_per_sm: int | None = None,
+    min_chunk: int | None = None, masked: bool = False,
 ) -> tuple[int, int]:
-    """Pick ``(num_splits, chunk)``.
+    """Pick ``(num_splits, chunk)``; ``masked``: the kernel gets an explicit attention mask (see
+    ``MASKED_MIN_CHUNK``), which replaces the defaults of ``programs_per_sm`` and ``min_chunk`` below.
 
     Short caches (``kv_len <= SHORT_KV``) are latency-bound: with many (batch, KV head) pairs one chunk per pair
     saves the reduction launch; with few pairs, chunks of 256 keys spread the reads over more SMs (H200, Llama-3-8B
@@ -208,9 +215,13 @@ def choose_num_splits(
     pairs, with chunks of at least ``min_chunk`` keys to keep the per-program prologue and partial results small.
     """
     align = 32 if interpreting() else 128
+    if programs_per_sm is None:
+        programs_per_sm = MASKED_PROGRAMS_PER_SM if masked else PROGRAMS_PER_SM
+    if min_chunk is None:
+        min_chunk = MASKED_MIN_CHUNK if masked else MIN_CHUNK
     if interpreting():
         min_chunk = 32
-    elif kv_len <= SHORT_KV:
+    elif kv_len <= SHORT_KV and not masked:
         if batch_kv >= DIRECT_MIN_PAIRS:
             return 1, triton.cdiv(kv_len, align) * align
         min_chunk = SHORT_KV_CHUNK
@@ -251,7 +262,7 @@ def launch_decode(
     amask = expand_attn_mask(attn_mask, dims) if attn_mask is not None else None
     batch_kv = dims.batch * dims.num_kv_heads
     if num_splits is None:
-        num_splits, chunk = choose_num_splits(batch_kv, dims.kv_len, q.device)
+        num_splits, chunk = choose_num_splits(batch_kv, dims.kv_len, q.device, masked=amask is not None)
     else:
         align = 32 if interpreting() else 128
         chunk = triton.cdiv(triton.cdiv(dims.kv_len, max(1, int(num_splits))), align) * align
