@@ -169,7 +169,6 @@ if HAS_TRITON:
         HAS_BIAS: tl.constexpr,
         ROW_MASK: tl.constexpr,
         OWN_UNION: tl.constexpr,
-        BLOCKED_W: tl.constexpr,
         BLOCK_G: tl.constexpr,
         SPLIT: tl.constexpr,
         BLOCK_T: tl.constexpr,
@@ -208,19 +207,13 @@ if HAS_TRITON:
         per_split = tl.cdiv(n_groups, SPLIT)
         j_start = split * per_split * CHUNKS
         j_end = tl.minimum(n_groups, (split + 1) * per_split) * CHUNKS
-        if BLOCKED_W:  # weight stored [G, N, GROUP_SIZE]: a group's tile is one contiguous run of bytes
-            w_rows = w_ptr + offs_nc[:, None] * GROUP_SIZE + offs_k[None, :]
-        else:
-            w_rows = w_ptr + offs_nc[:, None] * K + offs_k[None, :]
+        w_rows = w_ptr + offs_nc[:, None] * K + offs_k[None, :]
         x_cols = x_ptr + offs_t[None, :] * K + offs_k[:, None]
         acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
         for j in range(j_start, j_end):
             g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
             k0 = g * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
-            if BLOCKED_W:
-                w = tl.load(w_rows + (g.to(tl.int64) * N * GROUP_SIZE + (j % CHUNKS) * BLOCK_K))
-            else:
-                w = tl.load(w_rows + k0)
+            w = tl.load(w_rows + k0)
             if ROW_MASK:  # zero-fill tokens that do not use group g (predicated load)
                 tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
                 xt = tl.load(x_cols + k0, mask=tok_on[None, :], other=0.0)
@@ -345,14 +338,6 @@ def input_config(group_size: int) -> dict:
     return dict(BLOCK_N=64, BLOCK_K=largest_pow2_divisor(group_size, 128), SPLIT=4, num_warps=4, num_stages=5)
 
 
-def block_by_input_groups(weight: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``weight[N, K]`` rearranged to ``[K // group_size, N, group_size]`` (a copy) for :func:`input_groups_gemv`."""
-    n_dim, k_dim = weight.shape
-    if k_dim % group_size:
-        raise ValueError(f"block_by_input_groups: group_size {group_size} does not divide K = {k_dim}")
-    return weight.view(n_dim, k_dim // group_size, group_size).permute(1, 0, 2).contiguous()
-
-
 def input_groups_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -367,19 +352,12 @@ def input_groups_gemv(
 ) -> torch.Tensor:
     """``y[M, N] = (x * mask over K) @ W.T + b`` reading only union-active weight columns, M <= 16.
 
-    ``weight``: ``[N, K]``, or the same weight blocked by input group, ``[K // group_size, N, group_size]``
-    (:func:`block_by_input_groups`), in which one group's columns are one contiguous run of bytes.
-
     ``union_groups`` / ``union_count``: a plan's union list (``build_group_plan(..., parts=("union",))``), shared
     with other ops of the same mask; None: every program builds the list from ``mask_rows`` itself (into a per-call
     scratch row: one launch instead of a plan kernel and this one)."""
     num_tokens, k_dim = x.shape
+    n_dim = weight.shape[0]
     num_groups = k_dim // group_size
-    blocked = weight.dim() == 3
-    if blocked and (weight.shape[0] != num_groups or weight.shape[2] != group_size or not weight.is_contiguous()):
-        raise ValueError(f"input_groups_gemv: a blocked weight must be contiguous [{num_groups}, N, {group_size}], "
-                         f"got {tuple(weight.shape)}")
-    n_dim = weight.shape[1] if blocked else weight.shape[0]
     cfg = dict(input_config(group_size), **(config or {}))
     block_k = cfg["BLOCK_K"]
     if block_k < 16 or group_size % block_k:
@@ -404,7 +382,6 @@ def input_groups_gemv(
         HAS_BIAS=bias is not None,
         ROW_MASK=not x_is_masked,
         OWN_UNION=own_union,
-        BLOCKED_W=blocked,
         BLOCK_G=min(128, max(16, next_pow2(num_groups))),
         SPLIT=split,
         BLOCK_T=block_t,

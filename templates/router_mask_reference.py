@@ -70,10 +70,13 @@ def router_mask_reference(x: Tensor, w_in: Tensor, b_in: Tensor, w_out: Tensor, 
 def router_mask_reduction(x: Tensor, w_in: Tensor, b_in: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
     """:func:`router_mask_reference` written as broadcast multiplies and sums instead of two matmuls (decisions equal
     except on near-ties: another summation order). Meant for one token under Inductor, which turns it into two fused
-    reduction kernels (the second with both biases' add and the compare) where the matmul form runs about five
-    kernels (cuBLAS GEMV, dot and reduce, a cast, a compare); at more tokens the matmul form is the right one."""
+    reduction kernels where the matmul form runs about five (cuBLAS GEMV, dot and reduce, a cast, a compare); at more
+    tokens the matmul form is the right one. The second sum computes each group's margin ``logit[1] - logit[0]``
+    directly, from the differences of the two rows of ``w_out`` / ``b_out``: its compare then reads the reduction's
+    own output and fuses into it (comparing two logits read from one reduction output took a third kernel)."""
     check_router_mask_args(x, w_in, b_in, w_out, b_out)
     with torch.autocast(x.device.type, enabled=False):
         h = (x.to(w_in.dtype).unsqueeze(-2) * w_in).sum(-1) + b_in
-        logits = ((h.unsqueeze(-2) * w_out).sum(-1) + b_out).unflatten(-1, (w_out.shape[0] // 2, 2))
-    return (logits[..., 1] >= logits[..., 0]).to(w_in.dtype)
+        w_pairs, b_pairs = w_out.unflatten(0, (-1, 2)), b_out.unflatten(0, (-1, 2))
+        margin = (h.unsqueeze(-2) * (w_pairs[:, 1] - w_pairs[:, 0])).sum(-1) + (b_pairs[:, 1] - b_pairs[:, 0])
+    return (margin >= 0).to(w_in.dtype)

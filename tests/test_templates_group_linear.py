@@ -299,35 +299,6 @@ def test_decode_input_gemv_builds_its_union_list(k, m, kind):
         assert torch.equal(own, shared)  # same list, same order of the sums
 
 
-@pytest.mark.parametrize("m", [1, 7])
-@pytest.mark.parametrize("kind", MASKS)
-def test_decode_input_gemv_reads_a_weight_blocked_by_group(k, m, kind):
-    """The input-group GEMV on the weight rearranged to [G, N, group_size] (each group's columns contiguous) gives the
-    row layout's exact result (ragged N, group size of two chunks), split or not; a wrong blocking is refused."""
-    gen = torch.Generator().manual_seed(hash(("blocked", m, kind)) % 2**31)
-    gemv, ref = k["gemv_decode"], k["ref"]
-    gs, groups, n = 32, 6, 40
-    x = torch.randn(m, gs * groups, generator=gen).to(torch.float16)
-    w = (torch.randn(n, gs * groups, generator=gen) / 20).to(torch.float16)
-    b = torch.randn(n, generator=gen).to(torch.float16)
-    mask = _mask(kind, m, groups, gen)
-    mask_rows = mask.to(torch.uint8)
-    blocked = gemv.block_by_input_groups(w, gs)
-    assert blocked.shape == (groups, n, gs) and torch.equal(blocked[2, 5], w[5, 2 * gs:3 * gs])
-    expected = ref.input_group_linear_reference(x, w, mask, gs, b)
-    for split in (1, 2):
-        cfg = {"SPLIT": split, "BLOCK_K": 16}
-        rows = gemv.input_groups_gemv(x, w, b, mask_rows, None, None, gs, config=cfg, out=_poisoned((m, n), x.dtype))
-        got = gemv.input_groups_gemv(x, blocked, b, mask_rows, None, None, gs, config=cfg,
-                                     out=_poisoned((m, n), x.dtype))
-        _check(got, expected, x.dtype)
-        assert torch.equal(got, rows)
-    with pytest.raises(ValueError, match="blocked weight must be contiguous"):
-        gemv.input_groups_gemv(x, blocked.transpose(0, 1), b, mask_rows, None, None, gs)
-    with pytest.raises(ValueError, match="does not divide K"):
-        gemv.block_by_input_groups(w[:, :-1], gs)
-
-
 def test_split_kernels_leave_the_shared_arrival_counters_at_zero(k):
     """Split-K GEMVs take their counters from ``arrival_counters`` (no memset per call): one zeroed buffer reused by
     every launch, left at zero by each, grown (never shrunk) on demand; repeated calls stay correct."""
