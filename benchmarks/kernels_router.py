@@ -30,6 +30,7 @@ from kernels_linear import bench_graph  # noqa: E402
 
 from wide_compile.templates.router_mask import router_mask  # noqa: E402
 from wide_compile.templates.router_mask_reference import router_mask_reduction, router_mask_reference  # noqa: E402
+from wide_compile.templates.router_one_token import router_one_token  # noqa: E402
 
 RANK = 32
 DEVICE = "cuda"
@@ -99,14 +100,51 @@ def sweep_decode(gen: torch.Generator, path: str, meta: dict, tokens: tuple[int,
     return rows
 
 
+ONE_TOKEN_CONFIGS = [dict(block_h=bh, num_warps=w) for bh in (1024, 4096) for w in (4, 8)]
+
+
+def one_token(gen: torch.Generator, meta: dict, path: str) -> list[dict]:
+    """One token, Llama-3-8B router shapes: ``templates/router_one_token.py`` (one launch of R programs) at each of
+    ``ONE_TOKEN_CONFIGS`` against the backend's default one-token form (``router_mask_reduction`` compiled by
+    Inductor: two reduction kernels) and the generic fused template. Written to ``path``."""
+    rows = []
+    for hidden, groups in [s for s in SHAPES if s[0] == 4096]:
+        xs, ws = operands(1, hidden, groups, gen)
+        torch._dynamo.reset()
+        reduction = torch.compile(router_mask_reduction, dynamic=False)
+        row = {"M": 1, "H": hidden, "G": groups, "rotations": len(xs),
+               "reduction_compiled_us": bench_graph([lambda x=x, w=w: reduction(x, *w) for x, w in zip(xs, ws)]),
+               "fused_us": bench_graph([lambda x=x, w=w: router_mask(x, *w) for x, w in zip(xs, ws)])}
+        ref = router_mask_reference(xs[0], *ws[0])
+        for cfg in ONE_TOKEN_CONFIGS:
+            key = f"one_token_bh{cfg['block_h']}_w{cfg['num_warps']}"
+            row[f"{key}_us"] = bench_graph([lambda x=x, w=w: router_one_token(x, *w, **cfg) for x, w in zip(xs, ws)])
+            row[f"{key}_differ"] = (router_one_token(xs[0], *ws[0], **cfg) != ref).float().mean().item()
+        rows.append(row)
+        print(f"one token H={hidden} G={groups}: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
+                                                               if k.endswith("_us")) + " us", flush=True)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--sweep-decode", action="store_true", help="also sweep the decode configurations at 1-8 "
                         "tokens (kernels_router_sweep_decode.json)")
+    parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
+                        "one-token form (kernels_router_one_token.json)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
+    if args.one_token:
+        meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out} --one-token",
+                "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        os.makedirs(args.out, exist_ok=True)
+        one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))
+        return
     rows = []
     for hidden, groups in SHAPES:
         for m in TOKENS:

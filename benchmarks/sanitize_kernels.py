@@ -27,6 +27,7 @@ from wide_compile.templates.attention_mask_extents import mask_extents, mask_ext
 from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
 from wide_compile.templates.router_mask import router_mask
 from wide_compile.templates.router_mask_reference import router_logits_reference, router_mask_reference
+from wide_compile.templates.router_one_token import router_one_token
 
 DT, DEVICE = torch.bfloat16, "cuda"  # --device cpu (TRITON_INTERPRET=1): float16, the interpreter's bf16 is wrong
 
@@ -79,12 +80,16 @@ def router_cases(gen, tokens_list) -> list[bool]:
     b_out = _randn(2 * g, gen=gen).float() * 0.1
     for m in tokens_list:
         x = _randn(m, h, gen=gen)
-        for cfg in ({}, {"W_SPLIT3": True}, {"SPLIT": 3}):
-            mask = router_mask(x, w_in, b_in, w_out, b_out, config=cfg)
+        runs = [(f"router_mask M={m} {cfg}", lambda cfg=cfg: router_mask(x, w_in, b_in, w_out, b_out, config=cfg))
+                for cfg in ({}, {"W_SPLIT3": True}, {"SPLIT": 3})]
+        if m == 1:
+            runs.append(("router_one_token", lambda: router_one_token(x, w_in, b_in, w_out, b_out, block_h=256)))
+        for name, run in runs:
+            mask = run()
             logits = router_logits_reference(x, w_in, b_in, w_out, b_out)
             far = (logits[..., 1] - logits[..., 0]).abs() > 1e-3
             ok = bool(((mask == router_mask_reference(x, w_in, b_in, w_out, b_out)) | ~far).all())
-            print(f"{'ok  ' if ok else 'FAIL'} router_mask M={m} {cfg}", flush=True)
+            print(f"{'ok  ' if ok else 'FAIL'} {name}", flush=True)
             out.append(ok)
     return out
 

@@ -21,7 +21,9 @@ Lowered only where the result is the same, nothing needs a gradient and it pays:
 With ``one_token="reduction"`` a decision of exactly one token (static shapes) becomes
 ``router_mask_reduction(x, ...)`` instead (``templates/router_mask_reference.py``: broadcast multiplies and sums that
 Inductor fuses into two reduction kernels, where the matmul form runs about five): the default, measured at 4.2 µs
-against 9.8 µs for the compiled matmul form on the H200 (H=4096, G=8); ``"unfused"`` keeps one token as it is.
+against 9.8 µs for the compiled matmul form on the H200 (H=4096, G=8); ``"kernel"`` inserts ``wide::router_mask``,
+whose CUDA implementation runs one token in one launch (``templates/router_one_token.py``); ``"unfused"`` keeps one
+token as it is.
 Gates with Gumbel noise (training) or ``topk_gate`` are not this pattern and are left without a reason. Inside
 autocast regions the rewrite is still exact: ``router_logits`` turns autocast off and the op ignores it.
 """
@@ -39,7 +41,7 @@ from .torch_patterns import arg, example_value, wide_op_name
 
 CAST_METHODS = ("to", "float")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-ONE_TOKEN_FORMS = ("unfused", "reduction")  # how a one-token decision is computed (see module docstring)
+ONE_TOKEN_FORMS = ("unfused", "reduction", "kernel")  # how a one-token decision is computed (see module docstring)
 ROUTER_ARGS = ("x", "w_in", "b_in", "w_out", "b_out")  # wide::router_logits' schema
 
 
@@ -113,7 +115,7 @@ def lower_router_decisions(graph: fx.Graph, one_token: str = "reduction") -> tup
         tokens = _static_tokens(example_value(logits))
         if one_token == "reduction" and tokens == 1:
             target, name = router_mask_reduction, "router_reduction"
-        elif _pays(tokens, x):
+        elif (one_token == "kernel" and tokens == 1) or _pays(tokens, x):
             target, name = torch.ops.wide.router_mask.default, "router_mask"
         else:
             continue  # a speed choice, not a fallback: the unfused ops are the faster path at this size

@@ -319,11 +319,11 @@ def test_reduction_form_equals_the_reference(x_dtype, lead):
 
 
 @pytest.mark.parametrize("form, expected", [("unfused", {}), ("reduction", {"router_reduction": 4}),
-                                            (None, {"router_reduction": 4})])
+                                            (None, {"router_reduction": 4}), ("kernel", {"router_mask": 4})])
 def test_one_token_router_form_option(form, expected):
     """``wide.one_token_routers``: one-token decisions become the reduction form by default (``None``: option not
-    given) and on request, stay unfused with ``"unfused"`` (logits equal eager); at 2+ tokens the option changes
-    nothing; a bad value is a clear error."""
+    given) and on request, ``wide::router_mask`` with ``"kernel"``, stay unfused with ``"unfused"`` (logits equal
+    eager); at 2+ tokens the option changes nothing; a bad value is a clear error."""
     model = tiny_wide_llama()
     for batch, tokens_, lowered in ((1, 1, expected), (2, 5, {"router_mask": 4})):
         torch._dynamo.reset()

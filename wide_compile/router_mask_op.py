@@ -6,7 +6,8 @@
 
 Devices: on CUDA, where :func:`fused_for` says so, the Triton template (``wide_compile.templates.router_mask``: one
 launch instead of a cast, two GEMMs / GEMVs and a compare; decisions equal the fp32 reference except on near-ties);
-for other token counts on CUDA, and on every other device, the PyTorch reference
+for one token on CUDA, ``wide_compile.templates.router_one_token`` (one launch of ``R`` programs); for other token
+counts on CUDA, and on every other device, the PyTorch reference
 (``templates/router_mask_reference.py``: cuBLAS on CUDA), so a compiled CPU model matches eager exactly.
 
 Why these sizes (H200, Llama-3-8B router shapes, ``benchmarks/results/kernels_router.md``; whole-model runs in
@@ -57,6 +58,10 @@ def router_mask_kernel(x, w_in, b_in, w_out, b_out):
     """The template path where :func:`fused_for` says so, else the reference (registered for CUDA; callable on CPU under
     ``TRITON_INTERPRET=1`` for tests)."""
     tokens = x.numel() // max(1, x.shape[-1]) if x.dim() else 1
+    if tokens == 1:
+        from wide_compile.templates.router_one_token import router_one_token
+
+        return router_one_token(x, w_in, b_in, w_out, b_out)
     if not fused_for(tokens, x.dtype):
         return _reference().router_mask_reference(x, w_in, b_in, w_out, b_out)
     from wide_compile.templates.router_mask import router_mask as template
