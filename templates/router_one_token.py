@@ -62,7 +62,7 @@ if HAS_TRITON:
 
 
 def router_one_token(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
-                     b_out: torch.Tensor, block_h: int = 4096, num_warps: int = 4,
+                     b_out: torch.Tensor, block_h: int = 4096, num_warps: int = 8,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """``mask[..., G]`` for an ``x`` of exactly one token (``x.numel() == H``), in one launch (see module docstring);
     ``out`` (contiguous, that shape and the routers' dtype) receives it.
