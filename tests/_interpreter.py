@@ -18,3 +18,20 @@ def ensure_interpreted_triton() -> None:
         if not name.startswith("triton._C"):
             del sys.modules[name]
     importlib.import_module("triton.language")
+
+
+def interpreted_module(name: str):
+    """Generator for a module-scoped fixture: yields module ``name`` re-imported with its ``@triton.jit`` kernels
+    defined under the interpreter, then restores ``TRITON_INTERPRET`` and re-imports it as it was."""
+    import os
+
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    ensure_interpreted_triton()
+    module = importlib.reload(importlib.import_module(name))
+    yield module
+    if old is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+    importlib.reload(module)

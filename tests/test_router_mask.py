@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 
@@ -20,7 +19,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from _interpreter import ensure_interpreted_triton  # noqa: E402
+from _interpreter import interpreted_module  # noqa: E402
 
 import wide_compile  # noqa: E402
 import wide_compile.router_mask_op  # noqa: E402, F401  (registers wide::router_mask)
@@ -76,16 +75,7 @@ def rm():
         pytest.skip("Triton is not installed")
     if torch.cuda.is_available():
         pytest.skip("interpreter tests; the GPU tests below run the compiled kernel")
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    ensure_interpreted_triton()
-    module = importlib.reload(importlib.import_module("wide_compile.templates.router_mask"))
-    yield module
-    if old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = old
-    importlib.reload(module)
+    yield from interpreted_module("wide_compile.templates.router_mask")
 
 
 SHAPES = [  # (M, H, R, G): ragged H (not a multiple of BLOCK_K = 64), R padded to 16 / 32 / 64, G over 2 chunks

@@ -3,13 +3,11 @@ interpreter on CPU (fp32 / fp16 ``x``: the interpreter mis-computes bf16), on a 
 Outputs are NaN-poisoned before each call; masks random and forced all-execute / all-skip."""
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import os
 
 import pytest
 import torch
-from _interpreter import ensure_interpreted_triton
+from _interpreter import interpreted_module
 from test_router_mask import assert_decisions_match, router_weights, tokens
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
@@ -20,16 +18,7 @@ def one():
     """The template module with its kernel defined under the interpreter (env restored after)."""
     if torch.cuda.is_available():
         pytest.skip("interpreter tests; the GPU test below runs the compiled kernel")
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    ensure_interpreted_triton()
-    module = importlib.reload(importlib.import_module("wide_compile.templates.router_one_token"))
-    yield module
-    if old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = old
-    importlib.reload(module)
+    yield from interpreted_module("wide_compile.templates.router_one_token")
 
 
 def _poisoned(lead, groups, device="cpu"):
