@@ -7,7 +7,8 @@ Llama-3-8B attention projections (q: 4096 x 4096 in 8 groups of 512, 50% random 
 more launches: cuBLAS adds split-K reductions); "joined": ``output_group_linear_with_dense`` (one GEMV launch,
 ``passes/dense_siblings.py`` puts it in the compiled model); "dense": cuBLAS for all three. Median µs per call of
 CUDA-graph replays over rotated weight copies (every call misses in L2). Prints ``JOINED_FASTER=1`` when "joined"
-beats "separate" at every token count (the backend's ``wide.fuse_dense_siblings`` default).
+beats "separate" at every token count (the backend's ``wide.fuse_dense_siblings`` default). ``--sweep`` instead times
+the joined launch over a grid of its GEMV configurations at 1 and 4 tokens (``kernels_qkv_sweep.json``).
 """
 from __future__ import annotations
 
@@ -33,9 +34,42 @@ TOKENS = (1, 2, 4, 8, 16)
 ROTATIONS = 8  # 8 x 50 MB of weights: far beyond the 50 MB L2
 
 
+SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT=sp, num_warps=4, num_stages=st)
+         for bn in (32, 64) for bk in (128, 256) for sp in (2, 4, 8) for st in (3, 5)]
+
+
+def sweep(gen: torch.Generator, weights: list, out_dir: str) -> None:
+    """The joined launch at 1 and 4 tokens over ``SWEEP`` (default config first); rows and the best per M."""
+    rows = []
+    for m in (1, 4):
+        xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(ROTATIONS)]
+        masks = [torch.rand(m, HIDDEN // GROUP, generator=gen, device="cuda") < 0.5 for _ in range(ROTATIONS)]
+        calls = list(zip(xs, masks, weights))
+        for cfg in [None, *SWEEP]:
+            def joined(x, mk, w, cfg=cfg):
+                return output_group_linear_with_dense(x, w[0], mk, GROUP, None, [w[1], w[2]], [None, None], config=cfg)
+            try:
+                us = bench_graph([lambda c=c: joined(*c) for c in calls])
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile is a row, not a crash
+                us = float("nan")
+                print(f"  {cfg} failed: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+            rows.append({"M": m, "config": cfg or "default", "joined_us": us})
+        best = min((r for r in rows if r["M"] == m), key=lambda r: r["joined_us"])
+        default = next(r for r in rows if r["M"] == m and r["config"] == "default")
+        print(f"sweep M={m}: default {default['joined_us']:.1f} µs, best {best['joined_us']:.1f} µs at "
+              f"{best['config']}", flush=True)
+    meta = {"command": f"python3 benchmarks/kernels_qkv.py --out {out_dir} --sweep",
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "kernels_qkv_sweep.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--sweep", action="store_true", help="time the joined launch's GEMV configurations instead")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -43,6 +77,9 @@ def main() -> None:
         return (torch.randn(*shape, generator=gen, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)
 
     weights = [(rand(HIDDEN, HIDDEN), rand(KV, HIDDEN), rand(KV, HIDDEN)) for _ in range(ROTATIONS)]
+    if args.sweep:
+        sweep(gen, weights, args.out)
+        return
     rows = []
     for m in TOKENS:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(ROTATIONS)]
