@@ -334,11 +334,22 @@ def test_output_groups_with_dense_linears(k, m, kind, with_bias):
     w, wk, wv = ((torch.randn(rows, d, generator=gen) / 10).to(dtype) for rows in (n, nd, nd))
     b, bk, bv = ((torch.randn(rows, generator=gen).to(dtype) if with_bias else None) for rows in (n, nd, nd))
     mask = _mask(kind, m, n // gs, gen)
-    for cfg in (None, {"SPLIT": 2}):
+    for cfg in (None, {"SPLIT": 2}, {"SPLIT": 4, "BLOCK_K": 16, "num_stages": 3}):
         y, yk, yv = fused.output_group_linear_with_dense(x, w, mask, gs, b, [wk, wv], [bk, bv], config=cfg)
         _check(y, ref.output_group_linear_reference(x, w, mask, gs, b), dtype, mask, gs)
         for got, wd, bd in ((yk, wk, bk), (yv, wv, bv)):
             _check(got, torch.nn.functional.linear(x.float(), wd.float(), None if bd is None else bd.float()), dtype)
+
+
+def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
+    """The GPU launch rule (H200 sweep, benchmarks/results/kernels_qkv_sweep.json): a query projection launched with
+    its key and value projections splits K in 4 with 3 stages; alone in 8 with 4; the gated form does not split."""
+    gemv = k["gemv_decode"]
+    monkeypatch.setattr(gemv, "interpreting", lambda: False)
+    assert gemv.output_config(512, 4096, False, dense=2) == dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4,
+                                                                 num_stages=3)
+    assert gemv.output_config(512, 4096, False)["SPLIT"] == 8
+    assert gemv.output_config(128, 4096, True)["SPLIT"] == 1
 
 
 def test_output_groups_with_dense_falls_back_and_checks(k):
