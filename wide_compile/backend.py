@@ -40,10 +40,11 @@ Arguments that reach the backend:
   and ``"wide.fuse_routers"`` (bool, default True: lower inference router decisions to the one-launch
   ``wide::router_mask`` kernel where it measured faster on the H200: 2-64 tokens, and more for a bf16 / fp16
   residual; False keeps them unfused) and ``"wide.one_token_routers"`` (``"reduction"`` default: a one-token
-  decision becomes broadcast multiplies and sums that Inductor fuses into two kernels, 4.2 µs compiled on the H200
-  at Llama-3-8B's attention router against 9.8 µs for the compiled matmul form and 9.8 µs for the best fused-kernel
-  configuration (``benchmarks/results/kernels_router.md``); ``"kernel"``: ``wide::router_mask``, whose one-token CUDA
-  path is one launch, ``templates/router_one_token.py``; ``"unfused"`` keeps the matmul form: cuBLAS GEMVs) and
+  decision becomes broadcast multiplies and sums that Inductor fuses into two kernels, 3.2 µs compiled on the H200
+  at Llama-3-8B's attention router, against 9.8 µs for the compiled matmul form and for the best configuration of
+  the generic fused kernel (``benchmarks/results/kernels_router.md``); ``"kernel"``: ``wide::router_mask``, whose
+  one-token CUDA path is one launch (``templates/router_one_token.py``, 4.2 µs); ``"unfused"`` keeps the matmul form:
+  cuBLAS GEMVs) and
   ``"wide.fuse_dense_siblings"`` (bool, default True: each lowered query projection and the dense linears of its
   input, the key and value projections, become one op, one GEMV launch at decode; ``passes/dense_siblings.py``).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
