@@ -11,7 +11,10 @@ summation order).
 
 Where the generic template (``templates/router_mask.py``) splits ``H`` into slices of all ``R`` rows, and its last
 program sums ``SPLIT`` partial tiles (11-15 µs at one token on the H200), this one's last program reads ``R``
-floats. It replaces the two Inductor reductions of the ``"reduction"`` form with one launch.
+floats: 4.2 µs on the H200 at Llama-3-8B's shapes (``benchmarks/results/kernels_router.md``). That is slower than the
+two Inductor reductions of the backend's default one-token form (3.2 µs), so the backend uses this kernel only on
+request (``wide.one_token_routers="kernel"``) and for one-token ``wide::router_mask`` calls (dynamic shapes), where
+the alternative is the cuBLAS reference.
 """
 from __future__ import annotations
 
