@@ -138,11 +138,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
+    flags = " --one-token" if args.one_token else " --sweep-decode" if args.sweep_decode else ""
+    meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out}{flags}",
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    os.makedirs(args.out, exist_ok=True)
     if args.one_token:
-        meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out} --one-token",
-                "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        os.makedirs(args.out, exist_ok=True)
         one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))
         return
     rows = []
@@ -153,11 +154,6 @@ def main() -> None:
             print(f"H={hidden:5d} G={groups:4d} M={m:6d}  unfused {r['unfused_us']:8.1f}  fused {r['fused_us']:8.1f}  "
                   f"fused_fp32 {r['fused_fp32_us']:8.1f} us  speedup {r['speedup']:.2f}x  "
                   f"differ {r['fused_differ']:.1e}", flush=True)
-    command = f"python3 benchmarks/kernels_router.py --out {args.out}" + (" --sweep-decode" if args.sweep_decode else "")
-    meta = {"command": command, "gpu": torch.cuda.get_device_name(0),
-            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernels_router.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     write_markdown(os.path.join(args.out, "kernels_router.md"), meta, rows)  # before the (long) sweep
