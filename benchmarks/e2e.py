@@ -104,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wide-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a wide backend option for the WIDE variants, e.g. wide.one_token_routers=reduction "
                         "(repeatable; true / false become bools)")
+    p.add_argument("--inductor-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="set torch._inductor.config.KEY for BOTH variants, e.g. combo_kernels=true (repeatable; "
+                        "true / false become bools, digits ints)")
     p.add_argument("--profile", action="store_true",
                    help="profile 10 decode steps per batch size and 2 prefills per length (top CUDA kernels)")
     p.add_argument("--seed", type=int, default=0)
@@ -132,6 +135,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not sep or not key.startswith("wide."):
             p.error(f"--wide-option takes wide.KEY=VALUE, got {item!r}")
         args.wide_options[key] = {"true": True, "false": False}.get(value.lower(), value)
+    import torch._inductor.config as inductor_config
+
+    settings = {}
+    for item in args.inductor_config:
+        key, sep, value = item.partition("=")
+        if not sep or not hasattr(inductor_config, key):
+            p.error(f"--inductor-config takes KEY=VALUE with KEY a torch._inductor.config setting, got {item!r}")
+        settings[key] = ({"true": True, "false": False}[value.lower()] if value.lower() in ("true", "false")
+                         else int(value) if value.isdigit() else value)
+    args.inductor_config = settings
     if args.decode_steps < 1 or args.prefill_runs < 1 or args.kv_slots < 8:
         p.error("--decode-steps and --prefill-runs must be >= 1, --kv-slots >= 8")
     return args
@@ -511,12 +524,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     dtype = torch.bfloat16 if args.device.type == "cuda" else torch.float32
     configure_dynamo()
+    for key, value in args.inductor_config.items():
+        setattr(torch._inductor.config, key, value)
     record = {
         "command": shlex.join(["python"] + sys.argv) if argv is None else shlex.join(["python", "benchmarks/e2e.py",
                                                                                       *argv]),
         "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "settings": {"model": args.model, "device": str(args.device), "dtype": str(dtype), "mode": args.mode,
-                     "wide_options": args.wide_options, "inner": args.inner, "dynamic": args.dynamic,
+                     "wide_options": args.wide_options,
+                     "inductor_config": args.inductor_config, "inner": args.inner, "dynamic": args.dynamic,
                      "sparsity": args.sparsity,
                      "prefill": args.prefill, "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
                      "prefill_runs": args.prefill_runs, "kv_slots": args.kv_slots, "budget_s": args.budget_s,

@@ -8,7 +8,8 @@ more launches: cuBLAS adds split-K reductions); "joined": ``output_group_linear_
 ``passes/dense_siblings.py`` puts it in the compiled model); "dense": cuBLAS for all three. Median µs per call of
 CUDA-graph replays over rotated weight copies (every call misses in L2). Prints ``JOINED_FASTER=1`` when "joined"
 beats "separate" at every token count (the backend's ``wide.fuse_dense_siblings`` default). ``--sweep`` instead times
-the joined launch over a grid of its GEMV configurations at 1 and 4 tokens (``kernels_qkv_sweep.json``).
+the joined launch over a grid of its GEMV configurations at 1 and 4 tokens (``kernels_qkv_sweep.json``), or at the
+token counts ``--sweep-tokens`` names (``kernels_qkv_sweep_m8_16.json`` for ``--sweep-tokens 8,16``).
 """
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT=sp, num_warps=4, num_stages=st)
          for bn in (32, 64) for bk in (128, 256) for sp in (2, 4, 8) for st in (3, 5)]
 
 
-def sweep(gen: torch.Generator, weights: list, out_dir: str) -> None:
-    """The joined launch at 1 and 4 tokens over ``SWEEP`` (default config first); rows and the best per M."""
+def sweep(gen: torch.Generator, weights: list, out_dir: str, tokens: tuple = (1, 4)) -> None:
+    """The joined launch at each of ``tokens`` over ``SWEEP`` (default config first); rows and the best per M."""
     rows = []
-    for m in (1, 4):
+    for m in tokens:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(ROTATIONS)]
         masks = [torch.rand(m, HIDDEN // GROUP, generator=gen, device="cuda") < 0.5 for _ in range(ROTATIONS)]
         calls = list(zip(xs, masks, weights))
@@ -58,11 +59,13 @@ def sweep(gen: torch.Generator, weights: list, out_dir: str) -> None:
         default = next(r for r in rows if r["M"] == m and r["config"] == "default")
         print(f"sweep M={m}: default {default['joined_us']:.1f} µs, best {best['joined_us']:.1f} µs at "
               f"{best['config']}", flush=True)
-    meta = {"command": f"python3 benchmarks/kernels_qkv.py --out {out_dir} --sweep",
+    extra = "" if tokens == (1, 4) else " --sweep-tokens " + ",".join(map(str, tokens))
+    meta = {"command": f"python3 benchmarks/kernels_qkv.py --out {out_dir} --sweep{extra}",
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "kernels_qkv_sweep.json"), "w") as f:
+    name = "kernels_qkv_sweep.json" if not extra else f"kernels_qkv_sweep_m{'_'.join(map(str, tokens))}.json"
+    with open(os.path.join(out_dir, name), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
@@ -70,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--sweep", action="store_true", help="time the joined launch's GEMV configurations instead")
+    parser.add_argument("--sweep-tokens", default="1,4", help="token counts of --sweep, comma-separated")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -78,7 +82,7 @@ def main() -> None:
 
     weights = [(rand(HIDDEN, HIDDEN), rand(KV, HIDDEN), rand(KV, HIDDEN)) for _ in range(ROTATIONS)]
     if args.sweep:
-        sweep(gen, weights, args.out)
+        sweep(gen, weights, args.out, tuple(int(t) for t in args.sweep_tokens.split(",")))
         return
     rows = []
     for m in TOKENS:
