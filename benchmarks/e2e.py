@@ -105,8 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a wide backend option for the WIDE variants, e.g. wide.one_token_routers=reduction "
                         "(repeatable; true / false become bools)")
     p.add_argument("--inductor-config", action="append", default=[], metavar="KEY=VALUE",
-                   help="set torch._inductor.config.KEY for BOTH variants, e.g. combo_kernels=true (repeatable; "
-                        "true / false become bools, digits ints)")
+                   help="set torch._inductor.config.KEY for BOTH variants (repeatable; true / false become bools, "
+                        "digits ints). combo_kernels=true is set unless given here: the wide backend turns it on, "
+                        "and it makes the dense baseline faster too (4%% at batch 1: run I in results/e2e.md)")
     p.add_argument("--profile", action="store_true",
                    help="profile 10 decode steps per batch size and 2 prefills per length (top CUDA kernels)")
     p.add_argument("--seed", type=int, default=0)
@@ -137,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.wide_options[key] = {"true": True, "false": False}.get(value.lower(), value)
     import torch._inductor.config as inductor_config
 
-    settings = {}
+    settings = {"combo_kernels": True}
     for item in args.inductor_config:
         key, sep, value = item.partition("=")
         if not sep or not hasattr(inductor_config, key):
@@ -145,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         settings[key] = ({"true": True, "false": False}[value.lower()] if value.lower() in ("true", "false")
                          else int(value) if value.isdigit() else value)
     args.inductor_config = settings
+    if args.inner == "inductor":  # the wide backend patches its own Inductor defaults: these override them
+        args.wide_options = {**settings, **args.wide_options}
     if args.decode_steps < 1 or args.prefill_runs < 1 or args.kv_slots < 8:
         p.error("--decode-steps and --prefill-runs must be >= 1, --kv-slots >= 8")
     return args

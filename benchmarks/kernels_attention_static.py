@@ -8,6 +8,10 @@ q/K/V copies are captured in one CUDA graph; time per call = median replay / cal
 
 Writes ``<out_dir>/kernels_attention_static.json``. Usage:
 ``python benchmarks/kernels_attention_static.py [--out-dir benchmarks/results] [--slots 2048] [--batches 1,8,32]``
+
+``--unmasked`` sweeps the kernel target's shape instead: a full cache of ``--slots`` keys with no explicit mask (what
+``benchmarks/kernels_attention.py`` times against SDPA), SDPA (flash, ``enable_gqa``) timed in the same graph way
+beside it, into ``kernels_attention_unmasked_s<slots>.json``.
 """
 
 from __future__ import annotations
@@ -20,24 +24,28 @@ import sys
 
 import torch
 
+import torch.nn.functional as F
+
 from kernels_attention import HKV, HQ, D, DTYPE, graph_time_per_call, random_mask, versions
 from wide_compile.templates.attention_checks import check_attention_inputs
 from wide_compile.templates.attention_decode import choose_num_splits, decode_config, launch_decode
 from wide_compile.templates.attention_reference import group_attention_reference
 
 SPLITS = (1, 2, 4, 8, 16, 32)
+UNMASKED_SPLITS = (4, 8, 16, 32, 64)
 CONFIGS = ((64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (32, 4, 3))
 
 
 def static_inputs(batch: int, slots: int, filled: int):
-    """Rotating q/K/V copies (>= 256 MB of K/V) and the static cache's mask: slots ``< filled`` visible."""
+    """Rotating q/K/V copies (>= 256 MB of K/V) and the static cache's mask: slots ``< filled`` visible (``None``
+    when every slot is)."""
     set_bytes = 2 * batch * HKV * slots * D * 2
     copies = max(2, min(64, math.ceil((256 << 20) / set_bytes)))
     qs = [torch.randn(batch, HQ, 1, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
     ks = [torch.randn(batch, HKV, slots, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
     vs = [torch.randn(batch, HKV, slots, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
     amask = (torch.arange(slots, device="cuda") < filled).expand(batch, 1, 1, slots).contiguous()
-    return qs, ks, vs, amask
+    return qs, ks, vs, (None if filled >= slots else amask)
 
 
 def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator) -> list[dict]:
@@ -48,8 +56,9 @@ def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator) -> li
     ref = group_attention_reference(qs[0].float(), ks[0].float(), vs[0].float(), mask, causal=False,
                                     attn_mask=amask)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    default_splits, default_chunk = choose_num_splits(batch * HKV, slots, qs[0].device, masked=True)
-    candidates = [(None, None)] + [(s, c) for s in SPLITS for c in CONFIGS]
+    masked = amask is not None
+    default_splits, default_chunk = choose_num_splits(batch * HKV, slots, qs[0].device, masked=masked)
+    candidates = [(None, None)] + [(s, c) for s in (SPLITS if masked else UNMASKED_SPLITS) for c in CONFIGS]
     rows = []
     for splits, cfg in candidates:
         config = None if cfg is None else {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
@@ -71,6 +80,11 @@ def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator) -> li
             used = {"num_splits": splits, "config": config}
         rows.append({"batch": batch, "slots": slots, "filled": filled, "default": splits is None, **used,
                      "us": ms * 1e3, "max_abs_err": err})
+    if not masked:  # the kernel target's baseline, timed the same way
+        sdpa = graph_time_per_call([lambda i=i: F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=True)
+                                    for i in range(len(qs))], replays=9)
+        for row in rows:
+            row["sdpa_us"] = sdpa * 1e3
     torch.cuda.empty_cache()
     return rows
 
@@ -80,22 +94,26 @@ def main() -> None:
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--slots", type=int, default=2048)
     parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--unmasked", action="store_true", help="every slot filled, no explicit mask, SDPA beside")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(5)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        shape_rows = sweep_shape(batch, args.slots, args.slots // 2 + 50, gen)
+        shape_rows = sweep_shape(batch, args.slots, args.slots if args.unmasked else args.slots // 2 + 50, gen)
         rows += shape_rows
         default = next(r for r in shape_rows if r["default"])
         best = min((r for r in shape_rows if not r["default"]), key=lambda r: r["us"])
         print(f"B={batch:2d} slots={args.slots}: default {default['us']:.1f} us (splits {default['num_splits']}, "
               f"{default['config']}); best {best['us']:.1f} us (splits {best['num_splits']}, {best['config']}); "
-              f"max err {max(r['max_abs_err'] for r in shape_rows):.1e}", flush=True)
-        for splits in SPLITS:
+              f"max err {max(r['max_abs_err'] for r in shape_rows):.1e}"
+              + (f"; SDPA {default['sdpa_us']:.1f} us: default {default['sdpa_us'] / default['us']:.2f}x, best "
+                 f"{default['sdpa_us'] / best['us']:.2f}x" if args.unmasked else ""), flush=True)
+        for splits in (UNMASKED_SPLITS if args.unmasked else SPLITS):
             line = [f"{r['us']:6.1f}" for r in shape_rows if r["num_splits"] == splits and not r["default"]]
             print(f"   splits {splits:2d}: " + " ".join(line), flush=True)
     os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, "kernels_attention_static.json")
+    name = f"kernels_attention_unmasked_s{args.slots}.json" if args.unmasked else "kernels_attention_static.json"
+    path = os.path.join(args.out_dir, name)
     with open(path, "w") as f:
         json.dump({"command": "python " + " ".join(sys.argv), "versions": versions(), "configs": CONFIGS,
                    "rows": rows}, f, indent=1)
