@@ -313,15 +313,19 @@ def decode_sweeps() -> list:
     return [("down", 1, "rand50", down), ("o_proj", 1, "rand50", grid), ("down", 8, "rand50", down)]
 
 
-def tma_sweeps() -> list:
+def tma_sweeps(ms: tuple = (4096, 16384), wide: bool = True) -> list:
     """The prefill gate/up GEMM with its weight tiles through TMA descriptors (``TMA=True``) or pointer loads, at the
-    default tile (128 x 128 x 64, 8 warps) and a few pipeline depths / K tiles."""
+    128 x 128 x 64 tile with 8 warps; ``wide``: also other pipeline depths and tiles (the first sweep,
+    ``kernels_linear_sweep_tma_v1.json``), else only the pointer loads with 3 stages (the old default) and TMA with 3
+    and 4 stages."""
     base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8)
-    configs = [dict(base, num_stages=3), dict(base, num_stages=3, TMA=True), dict(base, num_stages=4, TMA=True),
-               dict(base, BLOCK_K=128, num_stages=2, TMA=True), dict(base, num_stages=4),
-               dict(base, BLOCK_N=64, num_stages=4, TMA=True), dict(base, BLOCK_M=64, num_warps=4, num_stages=4,
-                                                                   TMA=True)]
-    return [("gate_up", m, "rand50", configs) for m in (4096, 16384)]
+    configs = [dict(base, num_stages=3, TMA=False), dict(base, num_stages=3, TMA=True),
+               dict(base, num_stages=4, TMA=True)]
+    if wide:
+        configs += [dict(base, BLOCK_K=128, num_stages=2, TMA=True), dict(base, num_stages=4, TMA=False),
+                    dict(base, BLOCK_N=64, num_stages=4, TMA=True),
+                    dict(base, BLOCK_M=64, num_warps=4, num_stages=4, TMA=True)]
+    return [("gate_up", m, "rand50", configs) for m in ms]
 
 
 def run_sweep(gen: torch.Generator, sweeps: list | None = None) -> list:
@@ -400,7 +404,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants")
     ap.add_argument("--sweep-decode", action="store_true", help="time a grid of input-group GEMV configs instead")
     ap.add_argument("--sweep-tma", action="store_true", help="time the prefill gate/up GEMM with TMA weight tiles "
-                    "against pointer loads instead (kernels_linear_sweep_tma.json)")
+                    "against pointer loads instead (kernels_linear_sweep_tma.json; with --ms: at those token counts, "
+                    "three configs)")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -417,8 +422,8 @@ def main() -> None:
     print("ceilings", meta["ceilings"], flush=True)
     result = dict(meta=meta)
     if args.sweep or args.sweep_decode or args.sweep_tma:
-        result["sweep"] = run_sweep(gen, decode_sweeps() if args.sweep_decode else tma_sweeps() if args.sweep_tma
-                                    else None)
+        tma = tma_sweeps(tuple(int(v) for v in args.ms.split(",")), wide=False) if args.ms else tma_sweeps()
+        result["sweep"] = run_sweep(gen, decode_sweeps() if args.sweep_decode else tma if args.sweep_tma else None)
         name = "kernels_linear_sweep_tma.json" if args.sweep_tma else "kernels_linear_sweep.json"
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1)

@@ -108,6 +108,20 @@ def test_gelu_variants_and_batch_dims(weights, activation):
     _check(h, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, activation), mask, FFN_GROUP)
 
 
+@pytest.mark.parametrize("m", [1000, 4096])
+@pytest.mark.parametrize("kind", ["random", "all", "none"])
+def test_gated_up_gemm_with_tma_weight_tiles(weights, m, kind):
+    """The prefill gate/up GEMM with ``config={"TMA": True}`` (weight tiles through tensor descriptors)."""
+    gen = torch.Generator(device="cuda").manual_seed(m + len(kind))
+    wg, wu = weights["gate"].to(torch.bfloat16), weights["up"].to(torch.bfloat16)
+    x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    mask = _mask(kind, m, INTER // FFN_GROUP, gen)
+    for cfg in ({"TMA": True}, {"TMA": True, "num_stages": 3}):
+        h = gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemm", config=cfg,
+                            out=torch.full((m, INTER), float("nan"), dtype=torch.bfloat16, device="cuda"))
+        _check(h, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu"), mask, FFN_GROUP)
+
+
 def test_plan_tables_on_gpu():
     gen = torch.Generator(device="cuda").manual_seed(1)
     mask = torch.rand(3000, 112, generator=gen, device="cuda") < 0.5

@@ -156,6 +156,46 @@ def test_ragged_shapes_and_forced_paths(k, path, activation):
         _check(yd, ref.input_group_linear_reference(xd, wd, mask, gs, bd), dtype)
 
 
+@pytest.mark.parametrize("kind", ["all", "none", "random", "clustered"])
+def test_gated_up_gemm_with_tma_weight_tiles(k, kind):
+    """``config={"TMA": True}``: weight tiles through tensor descriptors, at ragged M, K not a multiple of the K tile
+    (the descriptor's zero fill) and a group size the N tile overhangs (48 in a 64 tile; the box reads the next
+    group's rows, which the store masks off)."""
+    gen = torch.Generator().manual_seed(11)
+    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
+    for m, d, gs, n in ((37, 80, 48, 144), (70, 128, 64, 256)):
+        x = torch.randn(m, d, generator=gen).to(dtype)
+        wg = (torch.randn(n, d, generator=gen) / 9).to(dtype)
+        wu = (torch.randn(n, d, generator=gen) / 9).to(dtype)
+        mask = _mask(kind, m, n // gs, gen)
+        h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config={"TMA": True},
+                                out=_poisoned((m, n), dtype))
+        _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
+    w32, x32, on = torch.randn(128, 64), torch.randn(20, 64), torch.ones(20, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="TMA=True needs contiguous bf16 / fp16 weights"):
+        lin.gated_up_groups(x32, w32, w32, on, 64, "silu", path="gemm", config={"TMA": True})
+
+
+def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
+    """On the GPU the prefill default from 512 to 8191 tokens loads weight tiles through TMA with 4 stages; weights
+    TMA cannot take (fp32) then run the pointer loads instead of failing."""
+    gemm = k["gemm_gated_up"]
+    monkeypatch.setattr(gemm, "interpreting", lambda: False)
+    assert gemm.default_config(4096, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4,
+                                                  TMA=True)
+    assert gemm.default_config(8192, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+    assert "TMA" not in gemm.default_config(64, 128)
+    monkeypatch.undo()
+    small = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=1, TMA=True)
+    monkeypatch.setattr(gemm, "default_config", lambda m, gs: dict(small))
+    gen = torch.Generator().manual_seed(3)
+    x, w = torch.randn(20, 64, generator=gen), torch.randn(128, 64, generator=gen) / 8
+    mask = torch.rand(20, 2, generator=gen) < 0.5
+    h = k["group_linear"].gated_up_groups(x, w, w, mask, 64, "silu", path="gemm", out=_poisoned((20, 128),
+                                                                                                   torch.float32))
+    _check(h, k["ref"].gated_up_groups_reference(x, w, w, mask, 64, "silu"), torch.float32, mask, 64)
+
+
 def test_batch_dims_noncontiguous_and_int_mask(k):
     """x[B, T, K] given as a transposed (non-contiguous) view, integer mask with leading dims."""
     gen = torch.Generator().manual_seed(3)
