@@ -317,7 +317,9 @@ def tma_sweeps(ms: tuple = (4096, 16384), wide: bool = True) -> list:
     """The prefill gate/up GEMM with its weight tiles through TMA descriptors (``TMA=True``) or pointer loads, at the
     128 x 128 x 64 tile with 8 warps; ``wide``: also other pipeline depths and tiles (the first sweep,
     ``kernels_linear_sweep_tma_v1.json``), else only the pointer loads with 3 stages (the old default) and TMA with 3
-    and 4 stages."""
+    and 4 stages, followed by the query projection's output-group GEMM at its default tile with and without TMA."""
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
     base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8)
     configs = [dict(base, num_stages=3, TMA=False), dict(base, num_stages=3, TMA=True),
                dict(base, num_stages=4, TMA=True)]
@@ -325,7 +327,10 @@ def tma_sweeps(ms: tuple = (4096, 16384), wide: bool = True) -> list:
         configs += [dict(base, BLOCK_K=128, num_stages=2, TMA=True), dict(base, num_stages=4, TMA=False),
                     dict(base, BLOCK_N=64, num_stages=4, TMA=True),
                     dict(base, BLOCK_M=64, num_warps=4, num_stages=4, TMA=True)]
-    return [("gate_up", m, "rand50", configs) for m in ms]
+        return [("gate_up", m, "rand50", configs) for m in ms]
+    q_configs = {m: [dict(q_default(m, OPS["q_proj"]["gs"]), TMA=t) for t in (False, True)] for m in ms}
+    return ([("gate_up", m, "rand50", configs) for m in ms]
+            + [("q_proj", m, "rand50", q_configs[m]) for m in ms])
 
 
 def run_sweep(gen: torch.Generator, sweeps: list | None = None) -> list:

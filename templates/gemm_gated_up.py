@@ -7,8 +7,8 @@ activation and product are applied in registers before the single store of ``h``
 
 ``TMA``: the weight tiles come through Hopper's tensor memory accelerator (host-side ``TensorDescriptor``s; the
 gathered token rows stay pointer loads). The default from 512 to 8191 tokens, with 4 stages, where the descriptors
-are legal (``tma_ok``: contiguous bf16 / fp16 weights with 16-byte rows); otherwise, and from 8192 tokens, pointer
-loads with 3 stages. H200, Llama-3-8B gate/up at 50% (``benchmarks/results/kernels_linear_sweep_tma.json``, µs,
+are legal (``tma_weights.tma_ok``: contiguous bf16 / fp16 weights with 16-byte rows); otherwise, and from 8192
+tokens, pointer loads with 3 stages. H200, Llama-3-8B gate/up at 50% (``benchmarks/results/kernels_linear_sweep_tma.json``, µs,
 pointer loads with 3 stages / TMA with 3 / TMA with 4): 1024 tokens 237.1 / 222.3 / 215.6, 2048 530.7 / 473.8 /
 457.6, 4096 1041.1 / 895.3 / 885.2, 8192 1856.5 / 1701.5 / 1949.7, 16384 3648.1 / 3498.6 / 3621.9. TMA with 3
 stages, the fastest from 8192 tokens, has not been run in a GPU correctness test yet, so it is not a default. An
@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._triton_utils import ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2, output_group_tile
+from .tma_weights import use_tma, weight_descriptors
 
 if HAS_TRITON:
     import triton
@@ -99,18 +100,6 @@ def default_config(num_tokens: int, group_size: int) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=3)
 
 
-def tma_ok(*weights: torch.Tensor) -> bool:
-    """Whether weight tiles may be loaded through TMA descriptors: 2-D, contiguous, 16-bit, 16-byte rows."""
-    return all(w.dim() == 2 and w.is_contiguous() and w.dtype in (torch.bfloat16, torch.float16)
-               and (w.shape[1] * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0 for w in weights)
-
-
-def _weight_descriptors(w_gate: torch.Tensor, w_up: torch.Tensor, block_n: int, block_k: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return tuple(TensorDescriptor.from_tensor(w, [block_n, block_k]) for w in (w_gate, w_up))
-
-
 def gated_up_gemm(
     x: torch.Tensor,
     w_gate: torch.Tensor,
@@ -130,13 +119,8 @@ def gated_up_gemm(
     h = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     tiles_per_group = cdiv(group_size, block_n)
     grid = (cdiv(num_tokens, block_m) * (n_dim // group_size) * tiles_per_group,)
-    use_tma = bool(cfg.get("TMA", False))
-    if use_tma and not tma_ok(w_gate, w_up):
-        if (config or {}).get("TMA"):
-            raise ValueError("gated_up_gemm: config TMA=True needs contiguous bf16 / fp16 weights whose rows are a "
-                             f"multiple of 16 bytes, got {w_gate.dtype} {tuple(w_gate.shape)}")
-        use_tma = False  # the default asked for it: pointer loads with the same tile
-    descs = _weight_descriptors(w_gate, w_up, block_n, block_k) if use_tma else (w_gate, w_up)
+    tma = use_tma("gated_up_gemm", cfg, config, w_gate, w_up)
+    descs = weight_descriptors((w_gate, w_up), block_n, block_k) if tma else (w_gate, w_up)
     _gated_up_gemm_kernel[grid](
         x, w_gate, w_up, h, group_tokens, group_counts, *descs,
         num_tokens, n_dim, k_dim,
@@ -151,7 +135,7 @@ def gated_up_gemm(
         GROUP_N=cfg.get("GROUP_N", 8),
         UPCAST=interpreting(),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        USE_TMA=use_tma,
+        USE_TMA=tma,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -7,12 +7,16 @@ by index inside the kernel, run the K loop on tensor cores and scatter the rows 
 the inactive rows of a mixed tile. Every output element is written exactly once (no pre-zeroed output).
 Program order: GROUP_N n tiles side by side, sweeping token tiles, so concurrently running programs
 share weight tiles and (as per-group lists are in ascending token order) nearby rows of ``x`` in L2.
+
+``config={"TMA": True}``: the weight tiles come through TMA descriptors (``tma_weights``), as in the gate/up GEMM,
+where that is the default from 512 tokens. Here it is opt-in: not yet timed on the H200.
 """
 from __future__ import annotations
 
 import torch
 
 from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_group_tile
+from .tma_weights import use_tma, weight_descriptors
 
 if HAS_TRITON:
     import triton
@@ -20,7 +24,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _output_groups_gemm_kernel(
-        x_ptr, w_ptr, b_ptr, y_ptr, tokens_ptr, counts_ptr,
+        x_ptr, w_ptr, b_ptr, y_ptr, tokens_ptr, counts_ptr, w_desc,
         M, N, K,
         GROUP_SIZE: tl.constexpr,
         TILES_PER_GROUP: tl.constexpr,
@@ -33,6 +37,7 @@ if HAS_TRITON:
         GROUP_N: tl.constexpr,
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        USE_TMA: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
@@ -44,8 +49,12 @@ if HAS_TRITON:
             x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
             w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
             for k in range(0, K, BLOCK_K):
-                if EVEN_K:
+                if USE_TMA:  # out-of-range rows / columns of the box read as zeros
+                    a = tl.load(x_ptrs) if EVEN_K else tl.load(x_ptrs, mask=((k + offs_k) < K)[None, :], other=0.0)
+                    b = w_desc.load([n_start, k]).T
+                elif EVEN_K:
                     a = tl.load(x_ptrs)
                     if EVEN_N:
                         b = tl.load(w_ptrs)
@@ -97,8 +106,10 @@ def output_groups_gemm(
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     tiles_per_group = cdiv(group_size, block_n)
     grid = (cdiv(num_tokens, block_m) * (n_dim // group_size) * tiles_per_group,)
+    tma = use_tma("output_groups_gemm", cfg, config, weight)
+    desc = weight_descriptors((weight,), block_n, block_k)[0] if tma else weight
     _output_groups_gemm_kernel[grid](
-        x, weight, bias if bias is not None else x, y, group_tokens, group_counts,
+        x, weight, bias if bias is not None else x, y, group_tokens, group_counts, desc,
         num_tokens, n_dim, k_dim,
         GROUP_SIZE=group_size,
         TILES_PER_GROUP=tiles_per_group,
@@ -111,6 +122,7 @@ def output_groups_gemm(
         GROUP_N=cfg.get("GROUP_N", 8),
         UPCAST=interpreting(),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        USE_TMA=tma,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -157,8 +157,8 @@ def test_ragged_shapes_and_forced_paths(k, path, activation):
 
 
 @pytest.mark.parametrize("kind", ["all", "none", "random", "clustered"])
-def test_gated_up_gemm_with_tma_weight_tiles(k, kind):
-    """``config={"TMA": True}``: weight tiles through tensor descriptors, at ragged M, K not a multiple of the K tile
+def test_group_gemms_with_tma_weight_tiles(k, kind):
+    """gate/up and output-group GEMMs with ``config={"TMA": True}``: weight tiles through tensor descriptors, at ragged M, K not a multiple of the K tile
     (the descriptor's zero fill) and a group size the N tile overhangs (48 in a 64 tile; the box reads the next
     group's rows, which the store masks off)."""
     gen = torch.Generator().manual_seed(11)
@@ -171,9 +171,16 @@ def test_gated_up_gemm_with_tma_weight_tiles(k, kind):
         h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config={"TMA": True},
                                 out=_poisoned((m, n), dtype))
         _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
+        bias = torch.randn(n, generator=gen).to(dtype)
+        y = lin.output_group_linear(x, wg, mask, gs, bias, path="gemm", config={"TMA": True},
+                                    out=_poisoned((m, n), dtype))
+        _check(y, ref.output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
     w32, x32, on = torch.randn(128, 64), torch.randn(20, 64), torch.ones(20, 2, dtype=torch.bool)
-    with pytest.raises(ValueError, match="TMA=True needs contiguous bf16 / fp16 weights"):
+    with pytest.raises(ValueError, match="gated_up_gemm: config TMA=True needs contiguous bf16 / fp16 weights"):
         lin.gated_up_groups(x32, w32, w32, on, 64, "silu", path="gemm", config={"TMA": True})
+    with pytest.raises(ValueError, match="output_groups_gemm: config TMA=True needs contiguous bf16 / fp16"):
+        lin.output_group_linear(x32[:, :60].half(), w32[:, :60].half(), on, 64, path="gemm",
+                                config={"TMA": True})  # 120-byte rows
 
 
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
