@@ -64,6 +64,14 @@ def linear_cases(gen, tokens_list) -> list[bool]:
         joined = output_group_linear_with_dense(x, w, om, gs, None, [wk, wv], [None, None])
         out.append(_close(f"output_group_linear_with_dense M={m}", torch.cat(joined, -1), torch.cat(
             [output_group_linear_reference(x, w, om, gs), x.float() @ wk.float().T, x.float() @ wv.float().T], -1)))
+        if m > 16:  # weight tiles through TMA descriptors (the gate/up default from 512 tokens on the GPU)
+            tma = {"TMA": True}
+            out.append(_close(f"output_group_linear M={m} TMA", output_group_linear(x, w, om, gs, path="gemm",
+                                                                                    config=tma),
+                              output_group_linear_reference(x, w, om, gs)))
+            out.append(_close(f"gated_up_groups M={m} TMA", gated_up_groups(x, wg, wu, om, gs, path="gemm",
+                                                                            config=tma),
+                              gated_up_groups_reference(x, wg, wu, om, gs)))
         h = _randn(m, n, gen=gen)
         for path in ("auto", "gemm") if m > 16 else ("auto",):
             out.append(_close(f"input_group_linear M={m} path={path}", input_group_linear(h, wd, om, gs, path=path),
