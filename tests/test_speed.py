@@ -100,3 +100,22 @@ def test_cli_bench_writes_a_json_report(tmp_path, capsys):
         cli_main(["bench", "--model", str(folder), "--decode-batch", "0"])
     with pytest.raises(SystemExit):
         cli_main(["bench", "--model", str(folder), "--wide-option", "fast=1"])
+
+
+def test_dense_variant_gets_the_wide_backends_inductor_settings(monkeypatch):
+    """The dense baseline compiles with the ``wide`` backend's Inductor defaults (combo kernels) and with any Inductor
+    setting given for the WIDE variant, so a setting cannot make the baseline slower than it has to be."""
+    from wide_compile.backend import INDUCTOR_DEFAULTS
+    from wide_compile.speed import variants
+
+    seen = {}
+    monkeypatch.setattr(variants.torch, "compile", lambda model, **kw: seen.update(kw) or model)
+    model = torch.nn.Linear(2, 2)
+    variants.compile_variant(model, "dense", "reduce-overhead", "inductor", False)
+    assert seen["backend"] == "inductor" and "mode" not in seen
+    assert seen["options"] == {**INDUCTOR_DEFAULTS, "triton.cudagraphs": True}
+    variants.compile_variant(model, "dense", None, "inductor", False, {"combo_kernels": False, "wide.rewrite": True})
+    assert seen["options"]["combo_kernels"] is False and "wide.rewrite" not in seen["options"]
+    seen.clear()
+    variants.compile_variant(model, "dense", None, "aot_eager", False)
+    assert seen["backend"] == "aot_eager" and "options" not in seen  # debugging backends take no Inductor options
