@@ -59,6 +59,7 @@ from e2e_timing import (  # noqa: E402
     log, memory_gb, reset_peak, time_limit, versions,
 )
 
+from wide_compile.backend import INDUCTOR_DEFAULTS  # noqa: E402
 from wide_compile.speed import (  # noqa: E402
     Clock, DecodeRun, PrefillRun, compile_variant, set_cache_length, time_decode, time_prefill,
 )
@@ -106,8 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(repeatable; true / false become bools)")
     p.add_argument("--inductor-config", action="append", default=[], metavar="KEY=VALUE",
                    help="set torch._inductor.config.KEY for BOTH variants (repeatable; true / false become bools, "
-                        "digits ints). combo_kernels=true is set unless given here: the wide backend turns it on, "
-                        "and it makes the dense baseline faster too (4%% at batch 1: run I in results/e2e.md)")
+                        "digits ints). Both variants already get the wide backend's Inductor defaults "
+                        "(wide_compile.backend.INDUCTOR_DEFAULTS: combo kernels); a KEY given here overrides them")
     p.add_argument("--profile", action="store_true",
                    help="profile 10 decode steps per batch size and 2 prefills per length (top CUDA kernels)")
     p.add_argument("--seed", type=int, default=0)
@@ -138,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.wide_options[key] = {"true": True, "false": False}.get(value.lower(), value)
     import torch._inductor.config as inductor_config
 
-    settings = {"combo_kernels": True}
+    settings = {}
     for item in args.inductor_config:
         key, sep, value = item.partition("=")
         if not sep or not hasattr(inductor_config, key):
@@ -146,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         settings[key] = ({"true": True, "false": False}[value.lower()] if value.lower() in ("true", "false")
                          else int(value) if value.isdigit() else value)
     args.inductor_config = settings
-    if args.inner == "inductor":  # the wide backend patches its own Inductor defaults: these override them
+    if args.inner == "inductor":  # compile_variant passes these to both variants (over the backend's defaults)
         args.wide_options = {**settings, **args.wide_options}
     if args.decode_steps < 1 or args.prefill_runs < 1 or args.kv_slots < 8:
         p.error("--decode-steps and --prefill-runs must be >= 1, --kv-slots >= 8")
@@ -527,16 +528,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     dtype = torch.bfloat16 if args.device.type == "cuda" else torch.float32
     configure_dynamo()
-    for key, value in args.inductor_config.items():
-        setattr(torch._inductor.config, key, value)
     record = {
         "command": shlex.join(["python"] + sys.argv) if argv is None else shlex.join(["python", "benchmarks/e2e.py",
                                                                                       *argv]),
         "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "settings": {"model": args.model, "device": str(args.device), "dtype": str(dtype), "mode": args.mode,
-                     "wide_options": args.wide_options,
-                     "inductor_config": args.inductor_config, "inner": args.inner, "dynamic": args.dynamic,
-                     "sparsity": args.sparsity,
+                     "wide_options": args.wide_options, "inductor_config": {**INDUCTOR_DEFAULTS, **args.inductor_config},
+                     "inner": args.inner, "dynamic": args.dynamic, "sparsity": args.sparsity,
                      "prefill": args.prefill, "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
                      "prefill_runs": args.prefill_runs, "kv_slots": args.kv_slots, "budget_s": args.budget_s,
                      "stage_timeout_s": args.stage_timeout_s, "seed": args.seed,

@@ -8,8 +8,9 @@ activation and product are applied in registers before the single store of ``h``
 ``TMA``: the weight tiles come through Hopper's tensor memory accelerator (host-side ``TensorDescriptor``s; the
 gathered token rows stay pointer loads). The default from 512 to 8191 tokens, with 4 stages, where the descriptors
 are legal (``tma_weights.tma_ok``: contiguous bf16 / fp16 weights with 16-byte rows); otherwise, and from 8192
-tokens, pointer loads with 3 stages. H200, Llama-3-8B gate/up at 50% (``benchmarks/results/kernels_linear_sweep_tma.json``, µs,
-pointer loads with 3 stages / TMA with 3 / TMA with 4): 1024 tokens 237.1 / 222.3 / 215.6, 2048 530.7 / 473.8 /
+tokens, pointer loads with 3 stages. H200, Llama-3-8B gate/up at 50%
+(``benchmarks/results/kernels_linear_sweep_tma.json``, µs, pointer loads with 3 stages / TMA with 3 / TMA with 4):
+1024 tokens 237.1 / 222.3 / 215.6, 2048 530.7 / 473.8 /
 457.6, 4096 1041.1 / 895.3 / 885.2, 8192 1856.5 / 1701.5 / 1949.7, 16384 3648.1 / 3498.6 / 3621.9. TMA with 3
 stages, the fastest from 8192 tokens, has not been run in a GPU correctness test yet, so it is not a default. An
 explicit ``config={"TMA": True}`` on weights TMA cannot take raises.
