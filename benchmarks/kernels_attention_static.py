@@ -23,7 +23,6 @@ import os
 import sys
 
 import torch
-
 import torch.nn.functional as F
 
 from kernels_attention import HKV, HQ, D, DTYPE, graph_time_per_call, random_mask, versions
