@@ -173,16 +173,21 @@ class Case:
     def ours_fns(self, mask: torch.Tensor, config: dict | None = None, block_m: int | None = None) -> list:
         kind, gs, fns = self.cfg["kind"], self.cfg["gs"], []
         decode = self.m <= 16
+        out_path = "auto"
+        if config is not None and kind in ("gated", "output"):  # config["path"]: force the GEMV / GEMM kernel
+            config = dict(config)
+            out_path = config.pop("path", "auto")
+        no_plan = out_path == "gemv" or (decode and out_path == "auto")
         for i in range(len(self.x)):
             x = self.x[i]
             if kind == "gated":
                 def f(x=x, wg=self.wg[i], wu=self.wu[i]):
-                    plan = None if decode else build_group_plan(mask, parts=("output",))
-                    return gated_up_groups(x, wg, wu, mask, gs, "silu", plan, config=config)
+                    plan = None if no_plan else build_group_plan(mask, parts=("output",))
+                    return gated_up_groups(x, wg, wu, mask, gs, "silu", plan, config=config, path=out_path)
             elif kind == "output":
                 def f(x=x, w=self.w[i]):
-                    plan = None if decode else build_group_plan(mask, parts=("output",))
-                    return output_group_linear(x, w, mask, gs, plan=plan, config=config)
+                    plan = None if no_plan else build_group_plan(mask, parts=("output",))
+                    return output_group_linear(x, w, mask, gs, plan=plan, config=config, path=out_path)
             elif kind == "input":
                 pm = self.cfg.get("premasked", False)
                 if pm:  # zero x outside each token's groups once, outside the timed region
@@ -333,6 +338,21 @@ def tma_sweeps(ms: tuple = (4096, 16384), wide: bool = True) -> list:
             + [("q_proj", m, "rand50", q_configs[m]) for m in ms])
 
 
+def moderate_sweeps() -> list:
+    """The output-group ops (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 32-256 tokens, where
+    with i.i.d. masks almost every group is active for some token, so the weight bytes are dense: the GEMV kernel
+    (``path="gemv"``: one tile of all tokens, reads each active weight tile once, tensor cores on W x^T, split K)
+    against the GEMM over reordered per-group token lists at its default tiles (``path="gemm"``)."""
+    def gemv(bns, bks, splits, stages=(3, 4)):
+        return [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT=sp, num_warps=4, num_stages=st)
+                for bn in bns for bk in bks for sp in splits for st in stages]
+    sweeps = []
+    for m in (32, 64, 128, 256):
+        sweeps.append(("q_proj", m, "rand50", [dict(path="gemm")] + gemv((32, 64), (128,), (2, 4, 8), (4,))))
+        sweeps.append(("gate_up", m, "rand50", [dict(path="gemm")] + gemv((32, 64), (128,), (1, 2), (3,))))
+    return sweeps
+
+
 def run_sweep(gen: torch.Generator, sweeps: list | None = None) -> list:
     out = []
     for op, m, mname, configs in SWEEPS if sweeps is None else sweeps:
@@ -411,6 +431,8 @@ def main() -> None:
     ap.add_argument("--sweep-tma", action="store_true", help="time the prefill gate/up GEMM with TMA weight tiles "
                     "against pointer loads instead (kernels_linear_sweep_tma.json; with --ms: at those token counts, "
                     "three configs)")
+    ap.add_argument("--sweep-moderate", action="store_true", help="time the output-group GEMV kernel against the "
+                    "GEMM at 32-256 tokens instead (kernels_linear_sweep_moderate_gemv.json)")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -426,10 +448,13 @@ def main() -> None:
     meta["ceilings"] = ceilings()
     print("ceilings", meta["ceilings"], flush=True)
     result = dict(meta=meta)
-    if args.sweep or args.sweep_decode or args.sweep_tma:
+    if args.sweep or args.sweep_decode or args.sweep_tma or args.sweep_moderate:
         tma = tma_sweeps(tuple(int(v) for v in args.ms.split(",")), wide=False) if args.ms else tma_sweeps()
-        result["sweep"] = run_sweep(gen, decode_sweeps() if args.sweep_decode else tma if args.sweep_tma else None)
-        name = "kernels_linear_sweep_tma.json" if args.sweep_tma else "kernels_linear_sweep.json"
+        chosen = (decode_sweeps() if args.sweep_decode else tma if args.sweep_tma
+                  else moderate_sweeps() if args.sweep_moderate else None)
+        result["sweep"] = run_sweep(gen, chosen)
+        name = ("kernels_linear_sweep_tma.json" if args.sweep_tma else "kernels_linear_sweep_moderate_gemv.json"
+                if args.sweep_moderate else "kernels_linear_sweep.json")
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1)
     if not args.no_main:

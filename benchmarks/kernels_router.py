@@ -100,6 +100,42 @@ def sweep_decode(gen: torch.Generator, path: str, meta: dict, tokens: tuple[int,
     return rows
 
 
+PREFILL_SWEEP = [dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=w, num_stages=st, SPLIT=sp)
+                 for bm in (32, 64, 128) for bk in (64, 128) for w in (4, 8) for st in (3,) for sp in (0, 1)]
+PREFILL_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (576, 12, 4096))
+
+
+def sweep_prefill(gen: torch.Generator, path: str, meta: dict) -> list[dict]:
+    """The fused kernel's prefill configurations (token tile, K step, warps, SPLIT 0 = automatic or 1) at the router
+    shapes of a prefill: Llama-3-8B (H = 4096) and SmolLM2-135M (H = 576), each against its default. Rows are
+    written to ``path`` after every shape."""
+    rows = []
+    for hidden, groups, m in PREFILL_SHAPES:
+        xs, ws = operands(m, hidden, groups, gen)
+        ref = router_mask_reference(xs[0], *ws[0])
+        default = bench_graph([lambda x=x, w=w: router_mask(x, *w) for x, w in zip(xs, ws)])
+        for cfg in PREFILL_SWEEP:
+            if cfg["BLOCK_M"] * cfg["BLOCK_K"] >= 128 * 128 and cfg["num_warps"] == 4:
+                continue
+            try:
+                us = bench_graph([lambda x=x, w=w: router_mask(x, *w, config=cfg) for x, w in zip(xs, ws)])
+                differ = (router_mask(xs[0], *ws[0], config=cfg) != ref).float().mean().item()
+            except Exception as e:  # a configuration that does not compile / fit: report, go on
+                us, differ = float("nan"), float("nan")
+                print(f"  config {cfg} failed: {type(e).__name__}: {str(e)[:100]}", flush=True)
+            rows.append({"M": m, "H": hidden, "G": groups, **cfg, "fused_us": us, "default_us": default,
+                         "differ": differ})
+        shape_rows = [r for r in rows
+                      if (r["M"], r["H"], r["G"]) == (m, hidden, groups) and r["fused_us"] == r["fused_us"]]
+        for r in sorted(shape_rows, key=lambda r: r["fused_us"])[:4]:
+            print(f"sweep H={hidden} G={groups} M={m}: default {default:.1f} us; BLOCK_M {r['BLOCK_M']} BLOCK_K "
+                  f"{r['BLOCK_K']} warps {r['num_warps']} SPLIT {r['SPLIT']}: {r['fused_us']:.1f} us "
+                  f"(differ {r['differ']:.1e})", flush=True)
+        with open(path, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return rows
+
+
 ONE_TOKEN_CONFIGS = [dict(block_h=bh, num_warps=w) for bh in (1024, 4096) for w in (4, 8)]
 
 
@@ -133,16 +169,22 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--sweep-decode", action="store_true", help="also sweep the decode configurations at 1-8 "
                         "tokens (kernels_router_sweep_decode.json)")
+    parser.add_argument("--sweep-prefill", action="store_true", help="only a sweep of the prefill configurations "
+                        "(kernels_router_sweep_prefill.json)")
     parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
                         "one-token form (kernels_router_one_token.json)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
-    flags = " --one-token" if args.one_token else " --sweep-decode" if args.sweep_decode else ""
+    flags = (" --one-token" if args.one_token else " --sweep-prefill" if args.sweep_prefill
+             else " --sweep-decode" if args.sweep_decode else "")
     meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out}{flags}",
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     os.makedirs(args.out, exist_ok=True)
+    if args.sweep_prefill:
+        sweep_prefill(gen, meta=meta, path=os.path.join(args.out, "kernels_router_sweep_prefill.json"))
+        return
     if args.one_token:
         one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))
         return

@@ -6,20 +6,21 @@ n tile of the gate and of the up weight, so ``x`` rows are loaded once for both 
 activation and product are applied in registers before the single store of ``h``.
 
 ``TMA``: the weight tiles come through Hopper's tensor memory accelerator (host-side ``TensorDescriptor``s; the
-gathered token rows stay pointer loads). The default from 512 to 8191 tokens, with 4 stages, where the descriptors
-are legal (``tma_weights.tma_ok``: contiguous bf16 / fp16 weights with 16-byte rows); otherwise, and from 8192
-tokens, pointer loads with 3 stages. H200, Llama-3-8B gate/up at 50%
-(``benchmarks/results/kernels_linear_sweep_tma.json``, µs, pointer loads with 3 stages / TMA with 3 / TMA with 4):
-1024 tokens 237.1 / 222.3 / 215.6, 2048 530.7 / 473.8 /
-457.6, 4096 1041.1 / 895.3 / 885.2, 8192 1856.5 / 1701.5 / 1949.7, 16384 3648.1 / 3498.6 / 3621.9. TMA with 3
-stages, the fastest from 8192 tokens, has not been run in a GPU correctness test yet, so it is not a default. An
-explicit ``config={"TMA": True}`` on weights TMA cannot take raises.
+gathered token rows stay pointer loads). The default from 512 tokens where the descriptors are legal
+(``tma_weights.tma_ok``: contiguous bf16 / fp16 weights with 16-byte rows; otherwise pointer loads): 4 stages up to
+8191 tokens, 3 from 8192. H200, Llama-3-8B gate/up at 50%, µs, pointer loads with 3 stages / TMA with 3 / TMA with 4,
+two device calls (``benchmarks/results/kernels_linear_sweep_tma.json``, ``kernels_linear_sweep_tma_v3.json``):
+1024 tokens 237.1 / 222.3 / 215.6 and 234.9 / 220.9 / 213.9; 2048 530.7 / 473.8 / 457.6; 4096 1041.1 / 895.3 / 885.2
+and 983.9 / 859.4 / 882.4; 8192 1856.5 / 1701.5 / 1949.7; 16384 3648.1 / 3498.6 / 3621.9 and 3576.0 / 3670.9 /
+3382.8. Between calls the same configuration varies by up to 16%: from 8192 tokens TMA with 3 and 4 stages trade
+places. An explicit ``config={"TMA": True}`` on weights TMA cannot take raises.
 """
 from __future__ import annotations
 
 import torch
 
 from ._triton_utils import ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2, output_group_tile
+from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
 
 if HAS_TRITON:
@@ -58,27 +59,9 @@ if HAS_TRITON:
             acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
             for k in range(0, K, BLOCK_K):
-                if USE_TMA:  # out-of-range rows / columns of the box read as zeros
-                    a = tl.load(x_ptrs) if EVEN_K else tl.load(x_ptrs, mask=((k + offs_k) < K)[None, :], other=0.0)
-                    bg = wg_desc.load([n_start, k]).T
-                    bu = wu_desc.load([n_start, k]).T
-                elif EVEN_K:
-                    a = tl.load(x_ptrs)
-                    if EVEN_N:
-                        bg = tl.load(wg_ptrs)
-                        bu = tl.load(wu_ptrs)
-                    else:
-                        bg = tl.load(wg_ptrs, mask=valid_n[None, :], other=0.0)
-                        bu = tl.load(wu_ptrs, mask=valid_n[None, :], other=0.0)
-                else:
-                    k_ok = (k + offs_k) < K
-                    a = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-                    bg = tl.load(wg_ptrs, mask=k_ok[:, None] & valid_n[None, :], other=0.0)
-                    bu = tl.load(wu_ptrs, mask=k_ok[:, None] & valid_n[None, :], other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    bg = bg.to(tl.float32)
-                    bu = bu.to(tl.float32)
+                a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
+                bg = load_weight_tile(wg_ptrs, wg_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
+                bu = load_weight_tile(wu_ptrs, wu_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
                 acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PRECISION)
                 acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
                 x_ptrs += BLOCK_K
@@ -90,14 +73,18 @@ if HAS_TRITON:
 
 
 def default_config(num_tokens: int, group_size: int) -> dict:
-    """Tile sizes / warps / pipeline depth for the fused gate/up GEMM (two weight tiles per stage)."""
+    """Tile sizes / warps / pipeline depth for the fused gate/up GEMM (two weight tiles per stage); see the module
+    docstring for the TMA rows. 256-511 tokens: 128-token tiles of 64 columns with 4 warps (256 tokens: 107.7 µs
+    against 116.5 for 64 x 64, ``kernels_linear_sweep_moderate.json``)."""
     block_n = min(128, max(16, next_pow2(group_size)))
     if interpreting():
         return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
     if num_tokens >= 8192:
-        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3)
-    if num_tokens >= 512:  # TMA weight tiles with 4 stages (kernels_linear_sweep_tma.json)
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True)
+    if num_tokens >= 512:
         return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True)
+    if num_tokens >= 256:
+        return dict(BLOCK_M=128, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=4)
     return dict(BLOCK_M=64, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=3)
 
 

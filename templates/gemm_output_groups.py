@@ -8,14 +8,15 @@ the inactive rows of a mixed tile. Every output element is written exactly once 
 Program order: GROUP_N n tiles side by side, sweeping token tiles, so concurrently running programs
 share weight tiles and (as per-group lists are in ascending token order) nearby rows of ``x`` in L2.
 
-``config={"TMA": True}``: the weight tiles come through TMA descriptors (``tma_weights``), as in the gate/up GEMM,
-where that is the default from 512 tokens. Here it is opt-in: not yet timed on the H200.
+From 512 tokens the weight tiles come through TMA descriptors (``tma_weights``), as in the gate/up GEMM, where the
+weights allow it (a default falls back to pointer loads; an explicit ``config={"TMA": True}`` raises instead).
 """
 from __future__ import annotations
 
 import torch
 
-from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_group_tile
+from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_group_tile, sm_count
+from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
 
 if HAS_TRITON:
@@ -51,22 +52,8 @@ if HAS_TRITON:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
             for k in range(0, K, BLOCK_K):
-                if USE_TMA:  # out-of-range rows / columns of the box read as zeros
-                    a = tl.load(x_ptrs) if EVEN_K else tl.load(x_ptrs, mask=((k + offs_k) < K)[None, :], other=0.0)
-                    b = w_desc.load([n_start, k]).T
-                elif EVEN_K:
-                    a = tl.load(x_ptrs)
-                    if EVEN_N:
-                        b = tl.load(w_ptrs)
-                    else:
-                        b = tl.load(w_ptrs, mask=valid_n[None, :], other=0.0)
-                else:
-                    k_ok = (k + offs_k) < K
-                    a = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-                    b = tl.load(w_ptrs, mask=k_ok[:, None] & valid_n[None, :], other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
+                a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
+                b = load_weight_tile(w_ptrs, w_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
                 acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
                 x_ptrs += BLOCK_K
                 w_ptrs += BLOCK_K
@@ -76,15 +63,25 @@ if HAS_TRITON:
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
-def default_config(num_tokens: int, group_size: int) -> dict:
-    """Tile sizes / warps / pipeline depth for the output-group GEMM."""
+def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: int = 132) -> dict:
+    """Tile sizes / warps / pipeline depth for the output-group GEMM (H200 sweeps at 50% random masks,
+    ``benchmarks/results/kernels_linear_sweep_moderate.json`` and ``kernels_linear_sweep_tma_v3.json``).
+
+    From 512 tokens the weight tiles come through TMA (query projection, µs, pointer loads -> TMA: 1024 tokens 61.6 ->
+    47.9 with 3 stages, 4096 117.1 -> 108.2, 16384 509.1 -> 463.9). Below 512 tokens the output tile is the widest of
+    128 / 64 / 32 columns that still gives one program per SM over ``num_groups`` groups (64 tokens, 8 groups of 512:
+    32 programs of 128 columns took 25.5 µs, 128 programs of 32 columns 21.8 µs).
+    """
     block_n = min(128, max(16, next_pow2(group_size)))
     if interpreting():
         return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
     if num_tokens >= 2048 and group_size >= 256:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True)
     if num_tokens >= 512:
-        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=4)
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True)
+    token_tiles = cdiv(num_tokens, 64)
+    while block_n > 32 and token_tiles * num_groups * cdiv(group_size, block_n) < sms:
+        block_n //= 2
     return dict(BLOCK_M=64, BLOCK_N=block_n, BLOCK_K=64, num_warps=4, num_stages=4)
 
 
@@ -101,7 +98,8 @@ def output_groups_gemm(
     """Launch the kernel on checked, contiguous 2-D inputs; returns a new ``y[M, N]``."""
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
-    cfg = dict(default_config(num_tokens, group_size), **(config or {}))
+    sms = sm_count(x.device) if x.device.type == "cuda" else 132
+    cfg = dict(default_config(num_tokens, group_size, n_dim // group_size, sms), **(config or {}))
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     tiles_per_group = cdiv(group_size, block_n)

@@ -17,6 +17,7 @@ from _interpreter import ensure_interpreted_triton
 _KERNEL_MODULES = (
     "wide_compile.templates._triton_utils",
     "wide_compile.templates.group_plan",
+    "wide_compile.templates.group_gemm_tiles",
     "wide_compile.templates.gemm_output_groups",
     "wide_compile.templates.gemm_gated_up",
     "wide_compile.templates.gemm_input_groups",
@@ -184,13 +185,15 @@ def test_group_gemms_with_tma_weight_tiles(k, kind):
 
 
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
-    """On the GPU the prefill default from 512 to 8191 tokens loads weight tiles through TMA with 4 stages; weights
-    TMA cannot take (fp32) then run the pointer loads instead of failing."""
+    """On the GPU the prefill defaults from 512 tokens load weight tiles through TMA (4 stages up to 8191 tokens, 3
+    from 8192); weights TMA cannot take (fp32) then run the pointer loads instead of failing."""
     gemm = k["gemm_gated_up"]
     monkeypatch.setattr(gemm, "interpreting", lambda: False)
     assert gemm.default_config(4096, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4,
                                                   TMA=True)
-    assert gemm.default_config(8192, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+    assert gemm.default_config(8192, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
+                                                  TMA=True)
+    assert gemm.default_config(256, 128)["BLOCK_M"] == 128
     assert "TMA" not in gemm.default_config(64, 128)
     monkeypatch.undo()
     small = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=1, TMA=True)
@@ -201,6 +204,18 @@ def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
     h = k["group_linear"].gated_up_groups(x, w, w, mask, 64, "silu", path="gemm", out=_poisoned((20, 128),
                                                                                                    torch.float32))
     _check(h, k["ref"].gated_up_groups_reference(x, w, w, mask, 64, "silu"), torch.float32, mask, 64)
+
+
+def test_output_group_gemm_default_fills_the_gpu_below_512_tokens(k, monkeypatch):
+    """GPU defaults of the query projection's GEMM (8 groups of 512): below 512 tokens the output tile narrows until
+    every SM gets a program; from 512 tokens TMA weight tiles (256 columns from 2048 tokens)."""
+    gemm = k["gemm_output_groups"]
+    monkeypatch.setattr(gemm, "interpreting", lambda: False)
+    assert gemm.default_config(64, 512, num_groups=8, sms=132)["BLOCK_N"] == 32  # 1 x 8 x 16 = 128 programs
+    assert gemm.default_config(256, 512, num_groups=8, sms=132)["BLOCK_N"] == 64  # 4 x 8 x 8 = 256 programs
+    assert gemm.default_config(256, 128, num_groups=112, sms=132)["BLOCK_N"] == 128
+    assert gemm.default_config(1024, 512, num_groups=8)["TMA"] and gemm.default_config(1024, 512, 8)["BLOCK_N"] == 128
+    assert gemm.default_config(4096, 512, num_groups=8)["BLOCK_N"] == 256
 
 
 def test_batch_dims_noncontiguous_and_int_mask(k):
