@@ -338,11 +338,27 @@ def tma_sweeps(ms: tuple = (4096, 16384), wide: bool = True) -> list:
             + [("q_proj", m, "rand50", q_configs[m]) for m in ms])
 
 
-def moderate_sweeps() -> list:
+def moderate_tile_sweeps() -> list:
+    """The output-group GEMMs (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 64-1024 tokens,
+    where the default tiles leave few programs per group (64 tokens: 32 programs for the query projection) or spill
+    binomially over tile edges (256 tokens: 128 +- 8 active per group): token tile x output tile x pipeline depth
+    (``kernels_linear_sweep_moderate.json``)."""
+    def grid(bms, bns, stages=(3, 4), tma=(False,)):
+        return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, num_warps=8 if bm * bn >= 128 * 128 else 4,
+                     num_stages=st, TMA=t) for bm in bms for bn in bns for st in stages for t in tma]
+    return [("q_proj", 64, "rand50", grid((32, 64), (32, 64, 128), stages=(4,))),
+            ("q_proj", 256, "rand50", grid((32, 64, 128), (32, 64, 128), stages=(4,))),
+            ("q_proj", 1024, "rand50", grid((64, 128), (64, 128), tma=(False, True))),
+            ("gate_up", 64, "rand50", grid((32, 64), (32, 64, 128), stages=(3,))),
+            ("gate_up", 256, "rand50", grid((32, 64, 128), (64, 128), stages=(3, 4))),
+            ("gate_up", 1024, "rand50", grid((64, 128), (64, 128), stages=(3, 4), tma=(True,)))]
+
+
+def moderate_gemv_sweeps() -> list:
     """The output-group ops (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 32-256 tokens, where
     with i.i.d. masks almost every group is active for some token, so the weight bytes are dense: the GEMV kernel
     (``path="gemv"``: one tile of all tokens, reads each active weight tile once, tensor cores on W x^T, split K)
-    against the GEMM over reordered per-group token lists at its default tiles (``path="gemm"``)."""
+    against the GEMM over reordered per-group token lists at its default tiles (``path="gemm"``) (``kernels_linear_sweep_moderate_gemv.json``)."""
     def gemv(bns, bks, splits, stages=(3, 4)):
         return [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT=sp, num_warps=4, num_stages=st)
                 for bn in bns for bk in bks for sp in splits for st in stages]
@@ -431,8 +447,10 @@ def main() -> None:
     ap.add_argument("--sweep-tma", action="store_true", help="time the prefill gate/up GEMM with TMA weight tiles "
                     "against pointer loads instead (kernels_linear_sweep_tma.json; with --ms: at those token counts, "
                     "three configs)")
-    ap.add_argument("--sweep-moderate", action="store_true", help="time the output-group GEMV kernel against the "
-                    "GEMM at 32-256 tokens instead (kernels_linear_sweep_moderate_gemv.json)")
+    ap.add_argument("--sweep-moderate", action="store_true", help="time tile grids of the output-group GEMMs at "
+                    "64-1024 tokens instead (kernels_linear_sweep_moderate.json)")
+    ap.add_argument("--sweep-moderate-gemv", action="store_true", help="time the output-group GEMV kernel against "
+                    "the GEMM at 32-256 tokens instead (kernels_linear_sweep_moderate_gemv.json)")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -448,13 +466,16 @@ def main() -> None:
     meta["ceilings"] = ceilings()
     print("ceilings", meta["ceilings"], flush=True)
     result = dict(meta=meta)
-    if args.sweep or args.sweep_decode or args.sweep_tma or args.sweep_moderate:
-        tma = tma_sweeps(tuple(int(v) for v in args.ms.split(",")), wide=False) if args.ms else tma_sweeps()
-        chosen = (decode_sweeps() if args.sweep_decode else tma if args.sweep_tma
-                  else moderate_sweeps() if args.sweep_moderate else None)
-        result["sweep"] = run_sweep(gen, chosen)
-        name = ("kernels_linear_sweep_tma.json" if args.sweep_tma else "kernels_linear_sweep_moderate_gemv.json"
-                if args.sweep_moderate else "kernels_linear_sweep.json")
+    sweeps = {"sweep_decode": (decode_sweeps, "kernels_linear_sweep.json"),
+              "sweep_tma": (lambda: tma_sweeps(tuple(int(v) for v in args.ms.split(",")), wide=False) if args.ms
+                            else tma_sweeps(), "kernels_linear_sweep_tma.json"),
+              "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
+              "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
+              "sweep": (lambda: None, "kernels_linear_sweep.json")}
+    chosen = [key for key in sweeps if getattr(args, key)]
+    if chosen:
+        make, name = sweeps[chosen[0]]
+        result["sweep"] = run_sweep(gen, make())
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1)
     if not args.no_main:

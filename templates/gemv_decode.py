@@ -1,8 +1,9 @@
-"""Decode GEMVs (M <= 16 tokens) that read only the weight rows / columns of groups active for ANY token.
+"""GEMVs for few tokens (decode; output groups up to 128 tokens) that read only the weight rows / columns of groups
+active for ANY token, once for all tokens.
 
 Both kernels are swap-AB matrix-vector products: a program owns ``BLOCK_N`` weight rows, the weight
 tile is the wide MMA operand ``[BLOCK_N, BLOCK_K]`` (16-byte loads along K, pipelined ``num_stages``
-deep) and the tokens are the narrow one ``[BLOCK_K, BLOCK_T]`` (``BLOCK_T`` = 16 >= M).
+deep) and the tokens are the narrow one ``[BLOCK_K, BLOCK_T]`` (``BLOCK_T = max(16, next_pow2(M))``).
 
 - Output groups (q projection; gate/up fused with ``GATED``): one program per ``BLOCK_N`` rows of one
   output group. It reads the group's mask column; if no token of the batch uses the group it only
@@ -258,18 +259,22 @@ def _dot_precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
-def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0) -> dict:
+def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_tokens: int = 1) -> dict:
     """Launch configuration; ``dense``: number of dense sibling linears in the launch (their tiles double the
     programs of a query projection beside key and value, so K is split in 4 instead of 8: H200, Llama-3-8B q/k/v,
-    ``benchmarks/results/kernels_qkv_sweep.json``, 12.7 vs 15.1 µs at one token and 16.5 vs 20.2 µs at four)."""
+    ``benchmarks/results/kernels_qkv_sweep.json``, 12.7 vs 15.1 µs at one token and 16.5 vs 20.2 µs at four).
+    Over 16 tokens (``benchmarks/results/kernels_linear_sweep_moderate_gemv.json``) the query projection splits K in
+    2 (32 / 64 / 128 tokens: 12.7 / 13.8 / 17.2 µs, against 13.2 / 18.0 / 26.5 with 4) and the gated form runs 3
+    stages (32 tokens: 61.5 µs)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=64, SPLIT=1, num_warps=4, num_stages=1)
     block_n = min(64, max(16, next_pow2(group_size)))
+    many = num_tokens > 16
     if gated:  # two weights per program: enough bytes in flight without splitting K
-        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=4)
+        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=3 if many else 4)
     if dense:
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=3)
-    return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=2 if many else 8, num_warps=4, num_stages=4)
 
 
 def output_groups_gemv(
@@ -284,7 +289,8 @@ def output_groups_gemv(
     out: torch.Tensor | None = None,
     dense: tuple[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], ...] = (),
 ) -> torch.Tensor:
-    """``y[M, N]`` for output groups (``w_up`` given: fused ``act(x@W.T) * (x@Wu.T)``), M <= 16.
+    """``y[M, N]`` for output groups (``w_up`` given: fused ``act(x@W.T) * (x@Wu.T)``), few tokens (any M works: one
+    tile of all tokens, ``BLOCK_T = next_pow2(M)``; ``group_linear.GEMV_MAX_TOKENS`` says where it is the default).
 
     ``dense``: up to two more linears of the same ``x``, ``(weight[ND, K], bias or None, out[M, ND])`` with one ``ND``,
     dtype and bias presence shared with ``weight`` / ``bias`` (e.g. the key and value projections beside the query
@@ -298,7 +304,7 @@ def output_groups_gemv(
     if any(w.shape != (nd, k_dim) or w.dtype != weight.dtype or (b is None) != (bias is None) for w, b, _ in dense):
         raise ValueError("output_groups_gemv: dense linears need weights [ND, K] of one ND and the weight's dtype, and "
                          "a bias exactly when the grouped linear has one")
-    cfg = dict(output_config(group_size, k_dim, gated, len(dense)), **(config or {}))
+    cfg = dict(output_config(group_size, k_dim, gated, len(dense), num_tokens), **(config or {}))
     block_n, block_k = cfg["BLOCK_N"], min(cfg["BLOCK_K"], max(16, next_pow2(k_dim)))
     tiles_per_group = cdiv(group_size, block_n)
     tiles = (n_dim // group_size) * tiles_per_group + len(dense) * cdiv(nd, block_n)

@@ -6,8 +6,9 @@
 
 Inputs may carry leading batch dims (``x[..., K]``, ``mask[..., G]``): they are flattened and restored.
 Dtypes: bf16 / fp16 (fp32 accepted; computed with IEEE fp32 dots). Non-contiguous inputs are made
-contiguous. With at most 16 tokens the decode GEMVs run (they read only the weight of groups active
-for some token of the batch); otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one
+contiguous. With few tokens the GEMVs run (they read only the weight of groups active for some token of the batch,
+once for all tokens): up to 16 tokens for ``input_group_linear``, 32 for ``gated_up_groups`` and 128 for
+``output_group_linear`` (``GEMV_MAX_TOKENS``); otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one
 from ``build_group_plan(mask)`` to share it between paired ops; built here when omitted). On CPU
 without ``TRITON_INTERPRET=1`` (or without Triton) the PyTorch references run instead.
 """
@@ -25,6 +26,13 @@ from .group_linear_reference import (
 from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_rows
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Most tokens for which the "auto" path takes the GEMV. With i.i.d. masks a few dozen tokens already need almost
+# every group, so the weight bytes are dense; the GEMV reads each active weight tile once for all tokens, where the
+# GEMM over per-group token lists reads it once per token tile. H200, Llama-3-8B at 50%, µs (GEMV / GEMM / cuBLAS
+# dense, benchmarks/results/kernels_linear_sweep_moderate_gemv.json): query projection 32 tokens 12.7 / 46.9 / 14.3,
+# 64 13.8 / 21.8 / 12.4, 128 17.2 / 23.3 / 14.6, 256 54.6 / 27.3 / 19.2; gate/up 32 61.5 / 98.9 / 58.2, 64 64.9 /
+# 64.2 / 62.6, 128 75.5 / 73.5 / 67.0.
+GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 32, "input_group_linear": DECODE_MAX_TOKENS}
 _PATHS = ("auto", "gemv", "gemm", "dense")
 
 
@@ -116,8 +124,8 @@ def _finish(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def _use_gemv(path: str, num_tokens: int) -> bool:
-    return path == "gemv" or (path == "auto" and num_tokens <= DECODE_MAX_TOKENS)
+def _use_gemv(path: str, num_tokens: int, max_tokens: int = DECODE_MAX_TOKENS) -> bool:
+    return path == "gemv" or (path == "auto" and num_tokens <= max_tokens)
 
 
 def _plan_for(plan: GroupPlan | None, mask: torch.Tensor, part: str) -> GroupPlan:
@@ -170,7 +178,7 @@ def output_group_linear(
 ) -> torch.Tensor:
     """``y[..., N]``: ``(x @ W.T + b)[m, n]`` if ``mask[m, n // group_size]`` else exactly 0.
 
-    ``path``: ``"auto"`` (GEMV for <= 16 tokens, else GEMM), ``"gemv"`` or ``"gemm"``; ``config``
+    ``path``: ``"auto"`` (GEMV for <= 128 tokens, else GEMM), ``"gemv"`` or ``"gemm"``; ``config``
     overrides kernel tile sizes (benchmarking). A plan without the needed tables is completed here.
     """
     op = "output_group_linear"
@@ -184,7 +192,7 @@ def output_group_linear(
     bias = bias.contiguous() if bias is not None else None
     if x2.shape[0] == 0:
         return x.new_empty(*lead, n_dim) if out is None else out
-    if _use_gemv(path, x2.shape[0]):
+    if _use_gemv(path, x2.shape[0], GEMV_MAX_TOKENS[op]):
         from .gemv_decode import output_groups_gemv
 
         y = output_groups_gemv(x2, weight, bias, mask_rows(mask), group_size, config=config, out=out2)
@@ -224,7 +232,7 @@ def gated_up_groups(
     w_gate, w_up = w_gate.contiguous(), w_up.contiguous()
     if x2.shape[0] == 0:
         return x.new_empty(*lead, n_dim) if out is None else out
-    if _use_gemv(path, x2.shape[0]):
+    if _use_gemv(path, x2.shape[0], GEMV_MAX_TOKENS[op]):
         from .gemv_decode import output_groups_gemv
 
         h = output_groups_gemv(

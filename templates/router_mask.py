@@ -161,10 +161,14 @@ def _split_weights(x: torch.Tensor, num_tokens: int, choice: bool | None) -> boo
     return num_tokens > DECODE_TOKENS if choice is None else bool(choice)
 
 
-def _auto_split(tiles: int, hidden: int, block_k: int, device: torch.device) -> int:
-    """Programs for about 2 per SM, each with at least one BLOCK_K step of H (at most 64 splits)."""
+def _auto_split(tiles: int, hidden: int, block_k: int, device: torch.device, min_steps: int = 1) -> int:
+    """Programs for about 2 per SM, each with at least ``min_steps`` BLOCK_K steps of H (at most 64 splits).
+
+    Prefill asks for 16 steps per program: SmolLM2's H = 576 at 4096 tokens ran in 15.1 µs unsplit against 18.5 µs
+    in 4 splits of 2-3 steps (H200, ``benchmarks/results/kernels_router_sweep_prefill.json``); Llama-3-8B's H = 4096
+    keeps its 4 splits of 16 steps. Decode (one token tile) splits down to one step per program."""
     want = (2 * _sm_count(device)) // tiles
-    return max(1, min(want, cdiv(hidden, block_k), 64))
+    return max(1, min(want, cdiv(hidden, block_k * min_steps), 64))
 
 
 def _use_kernel(x: torch.Tensor, w_in: torch.Tensor) -> bool:
@@ -199,7 +203,7 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
     tiles = cdiv(num_tokens, block_m)
     split = int(cfg.get("SPLIT", 0))
     if split <= 0:
-        split = _auto_split(tiles, hidden, block_k, x.device)
+        split = _auto_split(tiles, hidden, block_k, x.device, 1 if num_tokens <= DECODE_TOKENS else 16)
     split = max(1, min(split, max(1, cdiv(hidden, block_k))))
     block_r = max(16, next_pow2(rank))
     if split > 1:  # workspace per call; counters zero between launches (the kernel leaves them at 0)

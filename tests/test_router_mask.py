@@ -144,6 +144,16 @@ def test_template_leading_dims_noncontiguous_and_determinism(rm):
     assert empty.shape == (2, 0, 6)
 
 
+def test_auto_split_keeps_prefill_programs_long(rm, monkeypatch):
+    """The GPU rule for SPLIT = 0: about 2 programs per SM; at prefill each keeps >= 16 K steps (H = 576 at 4096
+    tokens: no split; H = 4096: 4 splits), at decode a split may be one step (H = 4096, BLOCK_K 128: 32 splits)."""
+    monkeypatch.setattr(rm, "_sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert rm._auto_split(64, 576, 64, cpu, min_steps=16) == 1
+    assert rm._auto_split(64, 4096, 64, cpu, min_steps=16) == 4
+    assert rm._auto_split(1, 4096, 128, cpu) == 32
+
+
 def test_template_falls_back_to_the_reference(rm, monkeypatch):
     """CPU without the interpreter, and fp16 / bf16 router weights: the reference runs (the kernel is not called)."""
     monkeypatch.setattr(rm, "_router_mask_kernel", None)  # a launch would raise

@@ -117,8 +117,9 @@ def test_three_ops_match_reference(k, dtype, m, kind):
     y = lin.input_group_linear(h, wd, mask, gs, plan=plan, out=_poisoned((m, d), dtype), x_is_masked=True,
                                path=path)
     _check(y, k["ref"].input_group_linear_reference(h, wd, mask, gs), dtype)
-    q = lin.output_group_linear(x, wg, mask, gs, bias, plan, out=_poisoned((m, inter), dtype))
-    _check(q, k["ref"].output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
+    for q_path in ("auto", path):  # "auto" takes the GEMV up to 128 tokens
+        q = lin.output_group_linear(x, wg, mask, gs, bias, plan, out=_poisoned((m, inter), dtype), path=q_path)
+        _check(q, k["ref"].output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
     xd = torch.randn(m, inter, generator=gen).to(dtype)  # not pre-masked: the kernel masks per token
     ref_d = k["ref"].input_group_linear_reference(xd, wd, mask, gs, bias[:d])
     yd = lin.input_group_linear(xd, wd, mask, gs, bias[:d], plan, out=_poisoned((m, d), dtype), path=path)
@@ -412,6 +413,31 @@ def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
                                                                  num_stages=3)
     assert gemv.output_config(512, 4096, False)["SPLIT"] == 8
     assert gemv.output_config(128, 4096, True)["SPLIT"] == 1
+    assert gemv.output_config(512, 4096, False, num_tokens=64)["SPLIT"] == 2  # over 16 tokens
+    assert gemv.output_config(128, 4096, True, num_tokens=32)["num_stages"] == 3
+
+
+@pytest.mark.parametrize(("op", "tokens", "gemv"), [
+    ("output_group_linear", 128, True), ("output_group_linear", 129, False), ("gated_up_groups", 32, True),
+    ("gated_up_groups", 33, False), ("input_group_linear", 16, True)])
+def test_auto_path_takes_the_gemv_up_to_its_token_limit(k, monkeypatch, op, tokens, gemv):
+    """"auto" runs the GEMV kernel (one tile of all tokens) up to GEMV_MAX_TOKENS[op], the GEMM above; results match
+    the reference either way."""
+    lin, ref, decode = k["group_linear"], k["ref"], k["gemv_decode"]
+    calls = []
+    for name in ("output_groups_gemv", "input_groups_gemv"):
+        real = getattr(decode, name)
+        monkeypatch.setattr(decode, name, lambda *a, real=real, **kw: calls.append(1) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(tokens)
+    x, w = torch.randn(tokens, 64, generator=gen), torch.randn(64, 64, generator=gen) / 8
+    mask = torch.rand(tokens, 2, generator=gen) < 0.5
+    if op == "gated_up_groups":
+        got, want = lin.gated_up_groups(x, w, w, mask, 32), ref.gated_up_groups_reference(x, w, w, mask, 32, "silu")
+    else:
+        got, want = getattr(lin, op)(x, w, mask, 32), getattr(ref, f"{op}_reference")(x, w, mask, 32)
+    assert lin.GEMV_MAX_TOKENS[op] == tokens - (not gemv)
+    assert bool(calls) == gemv
+    _check(got, want, torch.float32)
 
 
 def test_output_groups_with_dense_falls_back_and_checks(k):
