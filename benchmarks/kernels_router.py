@@ -103,20 +103,32 @@ def sweep_decode(gen: torch.Generator, path: str, meta: dict, tokens: tuple[int,
 PREFILL_SWEEP = [dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=w, num_stages=st, SPLIT=sp)
                  for bm in (32, 64, 128) for bk in (64, 128) for w in (4, 8) for st in (3,) for sp in (0, 1)]
 PREFILL_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (576, 12, 4096))
+SMALL_SHAPES = ((4096, 112, 8), (4096, 112, 32), (576, 12, 8), (576, 12, 32), (576, 12, 1024))
 
 
-def sweep_prefill(gen: torch.Generator, path: str, meta: dict) -> list[dict]:
-    """The fused kernel's prefill configurations (token tile, K step, warps, SPLIT 0 = automatic or 1) at the router
-    shapes of a prefill: Llama-3-8B (H = 4096) and SmolLM2-135M (H = 576), each against its default. Rows are
-    written to ``path`` after every shape."""
+def prefill_configs(hidden: int, m: int) -> list[dict]:
+    return [c for c in PREFILL_SWEEP if not (c["BLOCK_M"] * c["BLOCK_K"] >= 128 * 128 and c["num_warps"] == 4)]
+
+
+def small_configs(hidden: int, m: int) -> list[dict]:
+    """Token tile up to the batch, K step, SPLIT programs per tile (only splits the kernel would not clamp)."""
+    tiles = [bm for bm in (16, 32, 64) if bm <= max(16, 1 << (m - 1).bit_length())]
+    return [dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=4, num_stages=3, SPLIT=sp) for bm in tiles for bk in (64, 128, 256)
+            for sp in (1, 2, 4, 8, 16, 32) if (sp - 1) * bk < hidden]
+
+
+def sweep_configs(gen: torch.Generator, path: str, meta: dict, shapes: tuple = PREFILL_SHAPES,
+                  configs=prefill_configs) -> list[dict]:
+    """The fused kernel at each ``(H, G, M)`` of ``shapes`` under each of ``configs(H, M)`` (token tile, K step,
+    warps, SPLIT: 0 = automatic), against its default. Rows are written to ``path`` after every shape.
+    ``--sweep-prefill``: the prefill shapes of Llama-3-8B (H = 4096) and SmolLM2-135M (H = 576); ``--sweep-small``:
+    8-1024 tokens, where a router decision is a chain of a few dependent memory round trips."""
     rows = []
-    for hidden, groups, m in PREFILL_SHAPES:
+    for hidden, groups, m in shapes:
         xs, ws = operands(m, hidden, groups, gen)
         ref = router_mask_reference(xs[0], *ws[0])
         default = bench_graph([lambda x=x, w=w: router_mask(x, *w) for x, w in zip(xs, ws)])
-        for cfg in PREFILL_SWEEP:
-            if cfg["BLOCK_M"] * cfg["BLOCK_K"] >= 128 * 128 and cfg["num_warps"] == 4:
-                continue
+        for cfg in configs(hidden, m):
             try:
                 us = bench_graph([lambda x=x, w=w: router_mask(x, *w, config=cfg) for x, w in zip(xs, ws)])
                 differ = (router_mask(xs[0], *ws[0], config=cfg) != ref).float().mean().item()
@@ -171,19 +183,25 @@ def main() -> None:
                         "tokens (kernels_router_sweep_decode.json)")
     parser.add_argument("--sweep-prefill", action="store_true", help="only a sweep of the prefill configurations "
                         "(kernels_router_sweep_prefill.json)")
+    parser.add_argument("--sweep-small", action="store_true", help="only a sweep of token tile / K step / split at "
+                        "8-1024 tokens (kernels_router_sweep_small.json)")
     parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
                         "one-token form (kernels_router_one_token.json)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
     flags = (" --one-token" if args.one_token else " --sweep-prefill" if args.sweep_prefill
-             else " --sweep-decode" if args.sweep_decode else "")
+             else " --sweep-small" if args.sweep_small else " --sweep-decode" if args.sweep_decode else "")
     meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out}{flags}",
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     os.makedirs(args.out, exist_ok=True)
     if args.sweep_prefill:
-        sweep_prefill(gen, meta=meta, path=os.path.join(args.out, "kernels_router_sweep_prefill.json"))
+        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_prefill.json"), meta)
+        return
+    if args.sweep_small:
+        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_small.json"), meta, SMALL_SHAPES,
+                      small_configs)
         return
     if args.one_token:
         one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))
