@@ -131,6 +131,12 @@ if HAS_TRITON:
 
 
 DECODE_TOKENS = 16  # M <= this: one token tile, H split among programs
+# M <= this (and > DECODE_TOKENS): 16-token tiles, H split so that there is about one program per SM. A router
+# decision over few tokens is a chain of dependent memory round trips; more, shorter programs shorten it. H200,
+# µs, default before -> this rule (benchmarks/results/kernels_router_sweep_small.json): H = 4096 at 32 tokens 25.9 ->
+# 10.4 (32 splits of one 128-wide K step); H = 576 at 32 tokens 14.2 -> 6.9, at 1024 tokens 14.7 -> 8.7 (2 splits).
+# H = 4096 at 1024 tokens was not measured. From 4096 tokens 64-token tiles are faster (kernels_router_sweep_prefill).
+SMALL_TOKENS = 1024
 
 
 def _sm_count(device: torch.device) -> int:
@@ -145,6 +151,10 @@ def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, dev
         return dict(BLOCK_M=block_m, BLOCK_K=64, BLOCK_G=32, SPLIT=1, num_warps=4, num_stages=1, W_SPLIT3=None)
     if num_tokens <= DECODE_TOKENS:
         block_m, block_k, block_g, stages = 16, 128, min(128, max(16, next_pow2(groups))), 2
+    elif num_tokens <= SMALL_TOKENS:  # 16-token tiles, split to about one program per SM (see SMALL_TOKENS)
+        block_k = max(16, min(128 if hidden >= 2048 else 64, 8192 // block_r, next_pow2(hidden)))
+        split = max(1, min(_sm_count(device) // cdiv(num_tokens, 16), cdiv(hidden, block_k), 64))
+        return dict(BLOCK_M=16, BLOCK_K=block_k, BLOCK_G=64, SPLIT=split, num_warps=4, num_stages=3, W_SPLIT3=None)
     else:
         block_m, block_k, block_g, stages = (64 if block_r <= 64 else 16), 64, 64, 3
     block_k = max(16, min(block_k, 8192 // block_r, next_pow2(hidden)))  # bounded W_in tile

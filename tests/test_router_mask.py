@@ -145,13 +145,19 @@ def test_template_leading_dims_noncontiguous_and_determinism(rm):
 
 
 def test_auto_split_keeps_prefill_programs_long(rm, monkeypatch):
-    """The GPU rule for SPLIT = 0: about 2 programs per SM; at prefill each keeps >= 16 K steps (H = 576 at 4096
-    tokens: no split; H = 4096: 4 splits), at decode a split may be one step (H = 4096, BLOCK_K 128: 32 splits)."""
+    """The GPU rules: SPLIT = 0 gives about 2 programs per SM; at prefill each keeps >= 16 K steps (H = 576 at 4096
+    tokens: no split; H = 4096: 4 splits), at decode a split may be one step (H = 4096, BLOCK_K 128: 32 splits).
+    17-1024 tokens: 16-token tiles, split to about one program per SM."""
     monkeypatch.setattr(rm, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     assert rm._auto_split(64, 576, 64, cpu, min_steps=16) == 1
     assert rm._auto_split(64, 4096, 64, cpu, min_steps=16) == 4
     assert rm._auto_split(1, 4096, 128, cpu) == 32
+    monkeypatch.setattr(rm, "interpreting", lambda: False)
+    small = rm.router_mask_config(32, 4096, 32, 112, cpu)  # 17-1024 tokens: 16-token tiles, ~one program per SM
+    assert (small["BLOCK_M"], small["BLOCK_K"], small["SPLIT"]) == (16, 128, 32)
+    assert rm.router_mask_config(1024, 576, 32, 12, cpu)["SPLIT"] == 2
+    assert rm.router_mask_config(4096, 4096, 32, 112, cpu)["BLOCK_M"] == 64
 
 
 def test_template_falls_back_to_the_reference(rm, monkeypatch):
@@ -433,15 +439,15 @@ def test_hand_written_router_patterns():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("groups", [8, 112])
 def test_gpu_llama3_8b_router_shapes(groups):
-    """H=4096, R=32, bf16 x: M in {1, 8, 32, 4096} (decode split and prefill tiles), the op, all-execute / all-skip,
-    bit-identical repeated calls (fixed-order split sum), and replay in a CUDA graph."""
+    """H=4096, R=32, bf16 x: M in {1, 8, 32, 1000, 4096, 16384} (decode split, small and prefill tiles), the op,
+    all-execute / all-skip, bit-identical repeated calls (fixed-order split sum), and replay in a CUDA graph."""
     from wide_compile.templates.router_mask import router_mask
 
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must not use TF32
     try:
         weights = router_weights(4096, 32, groups, seed=groups, device="cuda")
-        for m in (1, 8, 32, 4096, 16384):
+        for m in (1, 8, 32, 1000, 4096, 16384):
             x = tokens((m, 4096), torch.bfloat16, seed=m, device="cuda")
             out = torch.full((m, groups), float("nan"), device="cuda")
             mask = router_mask(x, *weights, out=out)
