@@ -20,7 +20,8 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
    -> ``wide::group_attention(q, k, v, m, c, s, a)`` (zeros for the heads of inactive groups, which ``gm`` zeroes
    anyway; the templates skip their K/V reads and FLOPs, and key blocks the mask hides). Additive float masks and
    eager ``softmax(QK^T)V`` keep the core as it is (``attention_core_lowering``). The output projection after a
-   lowered core gets ``x_is_masked=True`` (its input already has those zeros).
+   lowered core gets ``x_is_masked=True`` (its input already has those zeros). Cores that share an explicit mask
+   then share its row extents: one ``wide::attn_mask_extents`` per mask (``mask_extents_sharing``).
 5. Router decisions at inference (no noise, no gradient), where ``router_mask_op.fused_for`` says it pays:
    ``threshold_gate(router_logits(...))`` -> ``wide::router_mask`` (``router_lowering``; the ``wide.fuse_routers``
    backend option).
@@ -43,6 +44,7 @@ import wide_compile.kernel_ops  # noqa: F401  (registers the lowered ops)
 import wide_compile.router_mask_op  # noqa: F401  (registers wide::router_mask)
 
 from .attention_lowering import lower_attention_queries
+from .mask_extents_sharing import share_mask_extents
 from .dense_siblings import fuse_dense_siblings
 from .router_lowering import lower_router_decisions
 from .torch_patterns import (
@@ -224,6 +226,9 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
     attention, reasons = lower_attention_queries(gm.graph, skip)  # first: it reads the attention group_masks
     result.lowered.update(attention)
     result.generic.extend(reasons)
+    shared = share_mask_extents(gm.graph)
+    if shared:
+        result.lowered["attn_mask_extents"] = shared
     lower_gated_mlps(gm.graph, result, skip)
     lower_masked_linears(gm.graph, result, skip)
     if dense_siblings:

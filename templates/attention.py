@@ -33,6 +33,7 @@ def group_attention(
     merge_heads: bool = False,
     out: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
+    attn_mask_extents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Head-group-masked (GQA) attention; returns ``[B, Hq, T, D]``, or ``[B, T, Hq * D]`` with ``merge_heads``.
 
@@ -48,8 +49,11 @@ def group_attention(
         attn_mask: optional boolean mask broadcastable to ``[B, Hq, T, S]`` (True = may attend), instead of
             ``causal`` (e.g. the causal + unfilled-slot mask of a static KV cache). Key blocks that no row of a
             tile may see are skipped; a row that may see no key gets zeros.
+        attn_mask_extents: optional row extents of ``attn_mask`` over the S keys
+            (``attention_mask_extents.attn_mask_extents(attn_mask, S)``), computed once and shared by every attention
+            with the same mask (a model's layers); the prefill kernel computes them itself when they are not given.
     """
-    dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask)
+    dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask, attn_mask_extents)
     result, view = allocate_output(q, dims, merge_heads, out)
     if q.device.type != "cuda" and not interpreting():
         view.copy_(group_attention_reference(q, k, v, head_mask, causal=causal, scale=dims.scale,
@@ -60,5 +64,6 @@ def group_attention(
     if dims.q_len <= MAX_DECODE_TOKENS and dims.q_per_kv * dims.q_len <= MAX_DECODE_ROWS:
         launch_decode(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask)
     else:
-        launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask)
+        launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask,
+                       attn_mask_extents=attn_mask_extents)
     return result

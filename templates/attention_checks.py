@@ -56,9 +56,11 @@ def check_attention_inputs(
     causal: bool,
     scale: float | None,
     attn_mask: torch.Tensor | None = None,
+    attn_mask_extents: torch.Tensor | None = None,
 ) -> AttentionDims:
-    """Validate ``q[B,Hq,T,D]``, ``k/v[B,Hkv,S,D]``, ``head_mask[B,T,G]`` and the optional boolean ``attn_mask``
-    (broadcastable to ``[B, Hq, T, S]``, True = may attend; not with ``causal``); return the sizes.
+    """Validate ``q[B,Hq,T,D]``, ``k/v[B,Hkv,S,D]``, ``head_mask[B,T,G]``, the optional boolean ``attn_mask``
+    (broadcastable to ``[B, Hq, T, S]``, True = may attend; not with ``causal``) and its optional row extents
+    (``attention_mask_extents.attn_mask_extents``); return the sizes.
 
     Raises ``TypeError`` for wrong types/dtypes and ``ValueError`` for wrong devices, shapes or divisibility.
     """
@@ -109,6 +111,12 @@ def check_attention_inputs(
         )
     if attn_mask is not None:
         _check_attn_mask(attn_mask, q, causal, (batch, num_q_heads, q_len, kv_len))
+    if attn_mask_extents is not None:
+        if attn_mask is None:
+            raise ValueError("group_attention: attn_mask_extents given without the attn_mask they describe")
+        from .attention_mask_extents import check_attn_mask_extents
+
+        check_attn_mask_extents(attn_mask_extents, attn_mask)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     else:

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["mask_extents", "mask_extents_reference"]
+__all__ = ["attn_mask_extents", "check_attn_mask_extents", "mask_extents", "mask_extents_reference"]
 
 
 @triton.jit
@@ -81,6 +81,36 @@ def mask_extents(mask: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(tm, block_t), bm * hm)
     _mask_extents_kernel[grid](m8, out, hm, tm, kv_len, *m8.stride(), BLOCK_T=block_t, BLOCK_S=block_s)
     return out
+
+
+def _mask_rows(attn_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """An attention mask (2-4 dims, broadcastable to ``[B, H, T, S]``) as the 4-D ``[Bm, Hm, Tm, S]`` view whose rows
+    the extents describe (only a key axis of size 1 is expanded)."""
+    mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    return mask4.expand(*mask4.shape[:3], kv_len)
+
+
+def attn_mask_extents(attn_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Row extents of a boolean attention mask over ``kv_len`` keys, as the prefill kernel reads them: int32
+    ``[Bm, Hm, Tm, 3]`` over the mask's own (un-broadcast) batch, head and query axes. Computed once, they can be
+    passed to every attention that uses the same mask (``group_attention(..., attn_mask_extents=...)``): the layers
+    of a model share one. The Triton kernel on CUDA and under the interpreter, else the PyTorch reference."""
+    rows = _mask_rows(attn_mask, kv_len)
+    if rows.device.type == "cuda" or _interpreting():
+        return mask_extents(rows)
+    return mask_extents_reference(rows)
+
+
+def check_attn_mask_extents(extents: torch.Tensor, attn_mask: torch.Tensor) -> None:
+    """Raise if ``extents`` cannot be the row extents of ``attn_mask`` (shape, dtype, device, unit last stride)."""
+    mask4 = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+    want = (*mask4[:3], 3)
+    if not isinstance(extents, torch.Tensor) or extents.dtype != torch.int32 or tuple(extents.shape) != want \
+            or extents.device != attn_mask.device or extents.stride(-1) != 1:
+        got = (f"{extents.dtype} {tuple(extents.shape)} on {extents.device}" if isinstance(extents, torch.Tensor)
+               else type(extents).__name__)
+        raise ValueError(f"group_attention: attn_mask_extents must be int32 {list(want)} on {attn_mask.device} with a "
+                         f"unit last stride (attn_mask_extents(attn_mask, S)), got {got}")
 
 
 def _interpreting() -> bool:

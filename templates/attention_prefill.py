@@ -44,7 +44,8 @@ from .attention_checks import (
     AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, expand_attn_mask_extents, interpreting,
 )
 from .attention_compact import compact_active_rows
-from .attention_mask_extents import mask_extents
+from .attention_mask_extents import attn_mask_extents as attn_mask_extents_of
+from .attention_mask_extents import check_attn_mask_extents
 
 __all__ = ["group_attention_prefill"]
 
@@ -311,24 +312,30 @@ def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2) -
 def launch_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
     dims: AttentionDims, causal: bool, config: dict | None = None, attn_mask: torch.Tensor | None = None,
+    attn_mask_extents: torch.Tensor | None = None,
 ) -> None:
     """Run the prefill kernel into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
     ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) overrides :func:`prefill_config`;
-    ``attn_mask``: the checked boolean mask (see ``attention_checks.expand_attn_mask``).
+    ``attn_mask``: the checked boolean mask (see ``attention_checks.expand_attn_mask``); ``attn_mask_extents``: its
+    row extents if already computed (``attention_mask_extents.attn_mask_extents``), else they are computed here.
     """
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if interpreting() and q.dtype == torch.bfloat16:  # the interpreter mis-computes bf16: run in fp32
         staging = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        launch_prefill(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, config, attn_mask)
+        launch_prefill(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, config, attn_mask,
+                       attn_mask_extents)
         out.copy_(staging)
         return
     order, count = compact_active_rows(head_mask)
     amask = ext = None
     if attn_mask is not None:
         amask = expand_attn_mask(attn_mask, dims)
-        mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # un-broadcast B, H, T
-        ext = expand_attn_mask_extents(mask_extents(mask4.expand(*mask4.shape[:3], dims.kv_len)), dims)
+        if attn_mask_extents is None:
+            attn_mask_extents = attn_mask_extents_of(attn_mask, dims.kv_len)
+        else:
+            check_attn_mask_extents(attn_mask_extents, attn_mask)
+        ext = expand_attn_mask_extents(attn_mask_extents, dims)
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     args = (
@@ -361,15 +368,17 @@ def group_attention_prefill(
     merge_heads: bool = False,
     out: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
+    attn_mask_extents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Head-group-masked attention with the prefill (flash, row-compacting) kernel for any T.
 
     Returns ``o[B, Hq, T, D]``, or ``[B, T, Hq * D]`` with ``merge_heads=True``. See
     :func:`wide_compile.templates.attention.group_attention` for the semantics.
     """
-    dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask)
+    dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask, attn_mask_extents)
     result, view = allocate_output(q, dims, merge_heads, out)
     if dims.q_len > 0:
-        launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask)
+        launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask,
+                       attn_mask_extents=attn_mask_extents)
     return result
 

@@ -359,6 +359,42 @@ def test_mask_extents_match_reference(shape, kind):
         assert bool((ext[..., 2] == 1).all())  # causal rows: one range each
 
 
+@pytest.mark.parametrize("amask_kind", ["static_cache", "holes_in_later_rows", "padding_2d"])
+def test_prefill_with_shared_mask_extents(amask_kind):
+    """Extents computed once (``attn_mask_extents``) and passed to two attentions over the same mask (two layers)
+    give what each attention computes with its own; through the entry point a decode-sized call ignores them."""
+    gen = torch.Generator().manual_seed(len(amask_kind))
+    batch, hq, hkv, groups, q_len, kv_len, d = 2, 4, 2, 2, 37, 100, 16
+    amask = attn_mask_of(amask_kind, batch, hq, q_len, kv_len, gen)
+    extents = attention_mask_extents.attn_mask_extents(amask, kv_len)
+    assert extents.dtype == torch.int32 and extents.shape[-1] == 3
+    for layer in range(2):
+        q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, d, torch.float32, gen)
+        head_mask = make_mask("random", batch, q_len, groups, gen)
+        out = poisoned(batch, hq, q_len, d, torch.float32)
+        group_attention(q, k, v, head_mask, causal=False, out=out, attn_mask=amask, attn_mask_extents=extents)
+        assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=False, attn_mask=amask), head_mask,
+                       torch.float32)
+    one = static_cache_mask(batch, 1, kv_len, start=50)
+    q, k, v = make_inputs(batch, hq, hkv, 1, kv_len, d, torch.float32, gen)
+    head_mask = make_mask("random", batch, 1, groups, gen)
+    got = group_attention(q, k, v, head_mask, causal=False, attn_mask=one,
+                          attn_mask_extents=attention_mask_extents.attn_mask_extents(one, kv_len))
+    assert_matches(got, group_attention_reference(q, k, v, head_mask, causal=False, attn_mask=one), head_mask,
+                   torch.float32)
+
+
+def test_bad_mask_extents_raise_clear_errors():
+    q, k, v, m = _good_inputs()
+    amask = torch.ones(1, 1, q.shape[2], k.shape[2], dtype=torch.bool)
+    good = attention_mask_extents.attn_mask_extents(amask, k.shape[2])
+    with pytest.raises(ValueError, match="attn_mask_extents given without the attn_mask"):
+        group_attention(q, k, v, m, causal=False, attn_mask_extents=good)
+    for bad in (good[:, :, :-1], good.long(), good[..., :2]):
+        with pytest.raises(ValueError, match="attn_mask_extents must be int32"):
+            group_attention(q, k, v, m, causal=False, attn_mask=amask, attn_mask_extents=bad)
+
+
 def test_prefill_mask_broadcast_over_keys_and_queries():
     """Masks broadcast over keys ([T, 1]) or queries ([B, 1, 1, S]) still reach every key they allow."""
     gen = torch.Generator().manual_seed(4)

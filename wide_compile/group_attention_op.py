@@ -1,6 +1,7 @@
 """The lowered attention core ``wide::group_attention`` (put in place of SDPA by the ``wide`` backend).
 
-``wide::group_attention(q, k, v, mask, is_causal, scale=None, attn_mask=None) -> o[B, H, T, D]``
+``wide::group_attention(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None)
+-> o[B, H, T, D]``
     ``o = scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale)`` (GQA when ``k``/``v`` have fewer
     heads) times 0 for the query heads of each token's inactive groups (``mask[B, T, G]``, group ``g`` = heads
     ``[g*H/G, (g+1)*H/G)``). On CUDA the head-group attention templates run when they compute exactly that (bf16 /
@@ -65,10 +66,11 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float | None,
 
 @torch.library.custom_op("wide::group_attention", mutates_args=())
 def group_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None = None,
-                    attn_mask: Tensor | None = None) -> Tensor:
+                    attn_mask: Tensor | None = None, attn_mask_extents: Tensor | None = None) -> Tensor:
     """``scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale)`` (GQA when k/v have
     fewer heads; ``attn_mask`` boolean, True = may attend) with the query heads of each token's inactive groups
-    multiplied by 0 (see module docstring)."""
+    multiplied by 0 (see module docstring). ``attn_mask_extents``: ``wide::attn_mask_extents(attn_mask, S)`` when
+    computed once for several attentions (the CUDA templates use it; the value does not depend on it)."""
     _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
     return _masked_sdpa(q, k, v, mask, is_causal, scale, attn_mask)
 
@@ -82,13 +84,13 @@ def _masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool,
 
 
 @group_attention.register_fake
-def _(q, k, v, mask, is_causal, scale=None, attn_mask=None):
+def _(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None):
     _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
     return q.new_empty(q.shape)  # contiguous, whatever the layout of q
 
 
 @group_attention.register_kernel("cuda")
-def group_attention_kernel(q, k, v, mask, is_causal, scale=None, attn_mask=None):
+def group_attention_kernel(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None):
     """The template path (skips the K/V reads and FLOPs of inactive (token, group) pairs). The templates align a
     causal mask bottom-right and SDPA top-left; they agree when ``T == S``, otherwise the PyTorch path runs."""
     _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
@@ -97,11 +99,12 @@ def group_attention_kernel(q, k, v, mask, is_causal, scale=None, attn_mask=None)
         return _masked_sdpa(q, k, v, mask, is_causal, scale, attn_mask)
     from wide_compile.templates import group_attention as template
 
-    return template(q, k, v, mask, causal=is_causal, scale=scale, attn_mask=attn_mask).contiguous()
+    return template(q, k, v, mask, causal=is_causal, scale=scale, attn_mask=attn_mask,
+                    attn_mask_extents=attn_mask_extents).contiguous()
 
 
 def _ga_setup(ctx, inputs, output):
-    q, k, v, mask, is_causal, scale, attn_mask = inputs
+    q, k, v, mask, is_causal, scale, attn_mask, _extents = inputs
     ctx.save_for_backward(q, k, v, mask, attn_mask if attn_mask is not None else mask.new_empty(0))
     ctx.is_causal, ctx.scale, ctx.has_attn_mask = is_causal, scale, attn_mask is not None
 
@@ -138,7 +141,7 @@ def _ga_backward(ctx, grad):
     if need_mask:  # straight-through: the dense output of every head, skipped ones included
         per_head = (grad.to(acc) * out).sum(-1)  # [B, H, T]
         gmask = per_head.unflatten(1, (groups, heads // groups)).sum(2).transpose(1, 2).to(mask.dtype)
-    return gq, gk, gv, gmask, None, None, None
+    return gq, gk, gv, gmask, None, None, None, None
 
 
 group_attention.register_autograd(_ga_backward, setup_context=_ga_setup)
