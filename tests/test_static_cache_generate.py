@@ -224,6 +224,8 @@ def test_gpu_reduce_overhead_whole_model_static_cache_generate_matches_eager():
     report = wide_compile.compile_report(compiled)
     assert len(report.graphs) == 2 and report.recompiles == 1, str(report)
     assert all(lowered_every_layer(g) and g.options.get("triton.cudagraphs") for g in report.graphs), str(report)
+    # the 40-token prefill graph computes its mask's row extents once for both layers; the decode graph none
+    assert sorted(g.lowered.get("attn_mask_extents", 0) for g in report.graphs) == [0, 1], str(report)
 
 
 @pytest.mark.gpu
