@@ -59,7 +59,7 @@ from e2e_timing import (  # noqa: E402
     log, memory_gb, reset_peak, time_limit, versions,
 )
 
-from wide_compile.backend import INDUCTOR_DEFAULTS  # noqa: E402
+from wide_compile.backend import inductor_defaults  # noqa: E402
 from wide_compile.speed import (  # noqa: E402
     Clock, DecodeRun, PrefillRun, compile_variant, set_cache_length, time_decode, time_prefill,
 )
@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inductor-config", action="append", default=[], metavar="KEY=VALUE",
                    help="set torch._inductor.config.KEY for BOTH variants (repeatable; true / false become bools, "
                         "digits ints). Both variants already get the wide backend's Inductor defaults "
-                        "(wide_compile.backend.INDUCTOR_DEFAULTS: combo kernels); a KEY given here overrides them")
+                        "(wide_compile.backend.inductor_defaults(): combo kernels); a KEY given here overrides them")
     p.add_argument("--profile", action="store_true",
                    help="profile 10 decode steps per batch size and 2 prefills per length (top CUDA kernels)")
     p.add_argument("--seed", type=int, default=0)
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                       *argv]),
         "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "settings": {"model": args.model, "device": str(args.device), "dtype": str(dtype), "mode": args.mode,
-                     "wide_options": args.wide_options, "inductor_config": {**INDUCTOR_DEFAULTS, **args.inductor_config},
+                     "wide_options": args.wide_options, "inductor_config": {**inductor_defaults(), **args.inductor_config},
                      "inner": args.inner, "dynamic": args.dynamic, "sparsity": args.sparsity,
                      "prefill": args.prefill, "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
                      "prefill_runs": args.prefill_runs, "kv_slots": args.kv_slots, "budget_s": args.budget_s,

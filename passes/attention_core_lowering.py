@@ -20,6 +20,7 @@ import torch
 from torch import fx
 
 import wide_compile.group_attention_op  # noqa: F401  (registers wide::group_attention)
+from wide_compile.group_attention_op import token_major
 
 from .group_locality import SDPA, AxisMap, Terminal, op_name, same_size
 from .torch_patterns import arg, example_value
@@ -136,6 +137,9 @@ def lower_attention_core(graph: fx.Graph, core: fx.Node, terminal: Terminal, flo
         new = graph.call_function(torch.ops.wide.group_attention.default,
                                   (a["query"], key, value, terminal.mask, a["is_causal"], a["scale"], a["attn_mask"]))
     new.meta = dict(core.meta)
+    for key in ("example_value", "val"):  # the op's output layout (token_major), not SDPA's
+        if isinstance(new.meta.get(key), torch.Tensor):
+            new.meta[key] = token_major(new.meta[key])
     core.replace_all_uses_with(new)
     graph.erase_node(core)
     return None

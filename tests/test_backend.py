@@ -117,7 +117,7 @@ def test_import_does_not_load_dynamo_or_triton():
 # ----------------------------------------------------------------------------------------------- settings
 def test_settings_translate_modes_and_reject_bad_options():
     assert parse_settings("reduce-overhead", None).inductor_options == {"triton.cudagraphs": True,
-                                                                         "combo_kernels": True}
+                                                                         **wide_compile.backend.inductor_defaults()}
     assert parse_settings(None, {"combo_kernels": False}).inductor_options["combo_kernels"] is False
     assert parse_settings(None, {"wide.inner": "aot_eager"}).inner == "aot_eager"
     settings = parse_settings("max-autotune-no-cudagraphs", {"fallback_random": True, "wide.rewrite": False})
@@ -441,7 +441,7 @@ def test_inductor_generate_and_forward_match_eager(inductor_pair):
     assert report.lowered == {"output_group_linear": 2, "group_attention": 2, "gated_up_groups": 2,
                               "masked_input_linear": 4, "output_group_linear_with_dense": 2, "attn_mask_extents": 1}
     assert report.graphs[0].inner == "inductor"
-    assert report.graphs[0].options == {**wide_compile.backend.INDUCTOR_DEFAULTS, **INDUCTOR}
+    assert report.graphs[0].options == {**wide_compile.backend.inductor_defaults(), **INDUCTOR}
 
 
 @pytest.mark.slow
@@ -476,7 +476,8 @@ def test_model_without_apply_warns_once_and_uses_plain_inductor(monkeypatch):
     torch.testing.assert_close(y, plain(x))
     (record,) = wide_compile.compile_report(plain).graphs
     assert record.wide_ops == {} and record.lowered == {} and record.inner == "inductor"
-    assert record.options == {"triton.cudagraphs": True, "combo_kernels": True}  # mode reached the backend (Inductor: CUDA only)
+    # the mode reached the backend (Inductor: CUDA only)
+    assert record.options == {"triton.cudagraphs": True, **wide_compile.backend.inductor_defaults()}
 
 
 @pytest.mark.gpu

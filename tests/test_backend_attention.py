@@ -216,20 +216,22 @@ def test_group_attention_matches_composition_with_gradients(is_causal, t, s, kv_
 
 
 @pytest.mark.parametrize("is_causal", [True, False])
-def test_group_attention_output_is_contiguous_like_its_fake(is_causal):
-    """HF hands SDPA ``q`` as a transposed view of ``[B, T, H, D]``; every implementation returns the contiguous layout
-    the fake reports (Inductor asserts a custom op's output strides against its fake: seen failing on the H200)."""
+def test_group_attention_output_is_token_major_like_its_fake(is_causal):
+    """Whatever the layout of ``q`` (HF hands SDPA a transposed view of ``[B, T, H, D]``), every implementation returns
+    ``o[B, H, T, D]`` with the memory of ``[B, T, H, D]``, the layout its fake reports (Inductor asserts a custom op's
+    output strides against its fake: seen failing on the H200), so the transpose that follows in HF is a view."""
     q, k, v, m = _attention_tensors(5, 5, 2, requires_grad=False)
     q_t = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, strides of a [B, T, H, D] buffer
     assert not q_t.is_contiguous()
-    out = torch.ops.wide.group_attention(q_t, k, v, m, is_causal, None)
-    assert out.is_contiguous()
-    torch.testing.assert_close(out, _masked_sdpa(q, k, v, m, is_causal), rtol=0, atol=0)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode() as mode:
-        fake = torch.ops.wide.group_attention(*(mode.from_tensor(t) for t in (q_t, k, v, m)), is_causal, None)
-    assert fake.stride() == out.stride()
+    for query in (q_t, q):
+        out = torch.ops.wide.group_attention(query, k, v, m, is_causal, None)
+        assert out.transpose(1, 2).is_contiguous()
+        torch.testing.assert_close(out, _masked_sdpa(q, k, v, m, is_causal), rtol=0, atol=0)
+        with FakeTensorMode() as mode:
+            fake = torch.ops.wide.group_attention(*(mode.from_tensor(t) for t in (query, k, v, m)), is_causal, None)
+        assert fake.stride() == out.stride()
 
 
 @pytest.mark.parametrize("is_causal, t, s, kv_heads", [(True, 3, 3, 2), (False, 2, 4, 1)])

@@ -105,7 +105,7 @@ def test_cli_bench_writes_a_json_report(tmp_path, capsys):
 def test_dense_variant_gets_the_wide_backends_inductor_settings(monkeypatch):
     """The dense baseline compiles with the ``wide`` backend's Inductor defaults (combo kernels) and with any Inductor
     setting given for the WIDE variant, so a setting cannot make the baseline slower than it has to be."""
-    from wide_compile.backend import INDUCTOR_DEFAULTS
+    from wide_compile.backend import inductor_defaults
     from wide_compile.speed import variants
 
     seen = {}
@@ -113,7 +113,7 @@ def test_dense_variant_gets_the_wide_backends_inductor_settings(monkeypatch):
     model = torch.nn.Linear(2, 2)
     variants.compile_variant(model, "dense", "reduce-overhead", "inductor", False)
     assert seen["backend"] == "inductor" and "mode" not in seen
-    assert seen["options"] == {**INDUCTOR_DEFAULTS, "triton.cudagraphs": True}
+    assert seen["options"] == {**inductor_defaults(), "triton.cudagraphs": True}
     variants.compile_variant(model, "dense", None, "inductor", False, {"combo_kernels": False, "wide.rewrite": True})
     assert seen["options"]["combo_kernels"] is False and "wide.rewrite" not in seen["options"]
     seen.clear()

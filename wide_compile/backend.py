@@ -49,10 +49,12 @@ Arguments that reach the backend:
   input, the key and value projections, become one op, one GEMV launch at decode; ``passes/dense_siblings.py``).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
   options (``torch._inductor.list_mode_options(mode)``).
-- Inductor defaults the backend changes (``INDUCTOR_DEFAULTS``, overridden by ``options``): ``combo_kernels=True``
+- Inductor defaults the backend changes (``inductor_defaults()``, overridden by ``options``): ``combo_kernels=True``
   (Inductor launches independent small kernels as one: a decode step's RoPE and cache writes, the RMSNorms beside
   the routers' first sums). On the H200 it took the Llama-3-8B shape's batch-1 step from 3.530 to 3.356 ms
-  (``benchmarks/results/e2e.md``, runs H and I); it only acts on GPU (Triton) kernels.
+  (``benchmarks/results/e2e.md``, runs H and I); it only acts on GPU (Triton) kernels. And a hash of the ``wide::``
+  ops' source in Inductor's cache key (``op_cache_key``: Inductor does not key cached graphs on a custom op's
+  implementation, so a graph cached by an older wide_compile could assert an op's old output layout).
 - ``dynamic=`` of ``torch.compile`` acts in Dynamo and needs nothing here.
 
 A graph without any ``wide::`` op (a model that was not ``apply``-ed, or code outside the routed layers, e.g.
@@ -71,12 +73,19 @@ import torch
 from torch import fx
 
 from .compile_report import GraphRecord, add_record, compile_report, input_storages, reset_compile_report
+from .op_cache_key import cache_key_options
 
 __all__ = ["BACKEND_NAME", "WideBackendWarning", "compile_report", "reset_compile_report", "wide_backend"]
 
 BACKEND_NAME = "wide"
 INNER_COMPILERS = ("inductor", "aot_eager", "eager")
 INDUCTOR_DEFAULTS = {"combo_kernels": True}
+
+
+def inductor_defaults() -> dict:
+    """``INDUCTOR_DEFAULTS`` plus the ``wide::`` ops' cache key (``op_cache_key``; computed when first compiling, so
+    that importing wide_compile loads neither Inductor nor Triton)."""
+    return {**INDUCTOR_DEFAULTS, **cache_key_options()}
 _OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers", "wide.one_token_routers", "wide.fuse_dense_siblings")
 
 
@@ -127,7 +136,7 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     bad = sorted(k for k in options if k not in known)
     if bad:
         raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
-    inductor_options = {**INDUCTOR_DEFAULTS, **list_mode_options(mode or "default"), **options}
+    inductor_options = {**inductor_defaults(), **list_mode_options(mode or "default"), **options}
     return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings)
 
 

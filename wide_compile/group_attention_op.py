@@ -75,18 +75,25 @@ def group_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bo
     return _masked_sdpa(q, k, v, mask, is_causal, scale, attn_mask)
 
 
+def token_major(t: Tensor) -> Tensor:
+    """``t[B, H, T, D]`` in the op's output layout: memory ``[B, T, H, D]`` (what SDPA's flash kernels return), so the
+    ``transpose(1, 2).reshape(B, T, H * D)`` every transformers attention applies next is a view, not a copy. Every
+    implementation returns this layout: Inductor checks the strides of custom-op outputs against the fake."""
+    return t if t.transpose(1, 2).is_contiguous() else t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None,
                  attn_mask: Tensor | None = None) -> Tensor:
-    """The op's math, contiguous (every implementation returns the fake's contiguous layout: Inductor checks the
-    strides of custom-op outputs against the fake, and SDPA / ``q`` may come in other layouts)."""
+    """The op's math, in the op's output layout (``token_major``)."""
     out = _sdpa(q, k, v, is_causal, scale, attn_mask)
-    return (out * head_mask(mask, q.shape[1]).to(out.dtype)).contiguous()
+    return token_major(out * head_mask(mask, q.shape[1]).to(out.dtype))
 
 
 @group_attention.register_fake
 def _(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None):
     _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
-    return q.new_empty(q.shape)  # contiguous, whatever the layout of q
+    batch, heads, tokens, dim = q.shape
+    return q.new_empty((batch, tokens, heads, dim)).transpose(1, 2)  # token_major, whatever the layout of q
 
 
 @group_attention.register_kernel("cuda")
@@ -99,8 +106,9 @@ def group_attention_kernel(q, k, v, mask, is_causal, scale=None, attn_mask=None,
         return _masked_sdpa(q, k, v, mask, is_causal, scale, attn_mask)
     from wide_compile.templates import group_attention as template
 
-    return template(q, k, v, mask, causal=is_causal, scale=scale, attn_mask=attn_mask,
-                    attn_mask_extents=attn_mask_extents).contiguous()
+    merged = template(q, k, v, mask, causal=is_causal, scale=scale, merge_heads=True, attn_mask=attn_mask,
+                      attn_mask_extents=attn_mask_extents)  # [B, T, H * D], written by the kernels directly
+    return merged.unflatten(2, (q.shape[1], q.shape[3])).transpose(1, 2)
 
 
 def _ga_setup(ctx, inputs, output):

@@ -1,6 +1,6 @@
 """``torch.compile`` of the two variants that are timed side by side: the dense model (Inductor, or a debugging
 backend) and its WIDE twin (``backend="wide"``), with the same mode, dynamic-shape setting and Inductor settings
-(the dense model gets the ``wide`` backend's Inductor defaults, ``backend.INDUCTOR_DEFAULTS``, so that the
+(the dense model gets the ``wide`` backend's Inductor defaults, ``backend.inductor_defaults()``, so that the
 baseline is not slower by a setting WIDE has)."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ def compile_variant(model: nn.Module, variant: str, mode: str | None, inner: str
             return torch.compile(model, backend=inner, dynamic=dynamic)
         from torch._inductor import list_mode_options
 
-        from wide_compile.backend import INDUCTOR_DEFAULTS
+        from wide_compile.backend import inductor_defaults
 
-        options = {**INDUCTOR_DEFAULTS, **list_mode_options(mode or "default"), **dense_inductor_options(wide_options)}
+        options = {**inductor_defaults(), **list_mode_options(mode or "default"), **dense_inductor_options(wide_options)}
         return torch.compile(model, backend="inductor", options=options, dynamic=dynamic)
     if wide_options:  # torch.compile takes a mode or options, not both: the mode's settings go in as options
         from torch._inductor import list_mode_options
