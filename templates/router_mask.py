@@ -19,8 +19,9 @@ Programs: a 2-D grid of (``BLOCK_M`` token tile) x (``SPLIT`` slices of H). Each
 program would read latency-bound) every program stores its partial in a workspace and increments the tile's arrival
 counter; the last one to arrive sums the partials in a fixed order (deterministic), then runs the epilogue (``b_in``,
 both logit columns per group chunk, compare, store) and resets the counter. ``SPLIT`` (automatic by default) gives
-about 2 programs per SM: 32 at decode (H=4096, BLOCK_K=128), a few for mid-size M, and ``SPLIT = 1`` for large M
-(>= 2 token tiles per SM), where one program per token tile does everything. The workspace is allocated per
+about 2 programs per SM at decode (32 at H=4096, BLOCK_K=128); from 17 to 1024 tokens 16-token tiles split to about
+one program per SM (``SMALL_TOKENS``); above, a few splits of at least 16 K steps each, and ``SPLIT = 1`` for large
+M (>= 2 token tiles per SM), where one program per token tile does everything. The workspace is allocated per
 call; the counters come from ``arrival_counters`` (zero between launches: no memset per call).
 
 R and G are padded to powers of two >= 16 with masked loads; H may be ragged. ``x`` is read in its own dtype
