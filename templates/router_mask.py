@@ -19,10 +19,11 @@ Programs: a 2-D grid of (``BLOCK_M`` token tile) x (``SPLIT`` slices of H). Each
 program would read latency-bound) every program stores its partial in a workspace and increments the tile's arrival
 counter; the last one to arrive sums the partials in a fixed order (deterministic), then runs the epilogue (``b_in``,
 both logit columns per group chunk, compare, store) and resets the counter. ``SPLIT`` (automatic by default) gives
-about 2 programs per SM at decode (32 at H=4096, BLOCK_K=128); from 17 to 1024 tokens 16-token tiles split to about
-one program per SM (``SMALL_TOKENS``); above, a few splits of at least 16 K steps each, and ``SPLIT = 1`` for large
-M (>= 2 token tiles per SM), where one program per token tile does everything. The workspace is allocated per
-call; the counters come from ``arrival_counters`` (zero between launches: no memset per call).
+about 2 programs per SM at decode (32 at H=4096, BLOCK_K=128); from 17 to 1024 tokens (128 for H >= 2048)
+16-token tiles split to about one program per SM (``SMALL_TOKENS``); above, a few splits of at least 16 K steps
+each, and ``SPLIT = 1`` for large M (>= 2 token tiles per SM), where one program per token tile does everything.
+The workspace is allocated per call; the counters come from ``arrival_counters`` (zero between launches: no memset
+per call).
 
 R and G are padded to powers of two >= 16 with masked loads; H may be ragged. ``x`` is read in its own dtype
 (bf16 / fp16 / fp32) and cast to fp32 in registers (exact). Router weights in fp16 / bf16 (not the default) take the
@@ -136,8 +137,11 @@ DECODE_TOKENS = 16  # M <= this: one token tile, H split among programs
 # decision over few tokens is a chain of dependent memory round trips; more, shorter programs shorten it. H200,
 # µs, default before -> this rule (benchmarks/results/kernels_router_sweep_small.json): H = 4096 at 32 tokens 25.9 ->
 # 10.4 (32 splits of one 128-wide K step); H = 576 at 32 tokens 14.2 -> 6.9, at 1024 tokens 14.7 -> 8.7 (2 splits).
-# H = 4096 at 1024 tokens was not measured. From 4096 tokens 64-token tiles are faster (kernels_router_sweep_prefill).
+# From 4096 tokens 64-token tiles are faster (kernels_router_sweep_prefill). With H >= 2048 the rule stops at
+# SMALL_TOKENS_WIDE: measured at 32 tokens only, and its 16-token tiles re-read W_in once per tile (64 MB of L2 reads
+# at 1024 tokens and H = 4096, where the previous default measured 32.0 µs, kernels_router.json).
 SMALL_TOKENS = 1024
+SMALL_TOKENS_WIDE = 128
 
 
 def _sm_count(device: torch.device) -> int:
@@ -152,7 +156,7 @@ def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, dev
         return dict(BLOCK_M=block_m, BLOCK_K=64, BLOCK_G=32, SPLIT=1, num_warps=4, num_stages=1, W_SPLIT3=None)
     if num_tokens <= DECODE_TOKENS:
         block_m, block_k, block_g, stages = 16, 128, min(128, max(16, next_pow2(groups))), 2
-    elif num_tokens <= SMALL_TOKENS:  # 16-token tiles, split to about one program per SM (see SMALL_TOKENS)
+    elif num_tokens <= (SMALL_TOKENS if hidden < 2048 else SMALL_TOKENS_WIDE):  # 16-token tiles, ~1 program per SM
         block_k = max(16, min(128 if hidden >= 2048 else 64, 8192 // block_r, next_pow2(hidden)))
         split = max(1, min(_sm_count(device) // cdiv(num_tokens, 16), cdiv(hidden, block_k), 64))
         return dict(BLOCK_M=16, BLOCK_K=block_k, BLOCK_G=64, SPLIT=split, num_warps=4, num_stages=3, W_SPLIT3=None)

@@ -147,7 +147,7 @@ def test_template_leading_dims_noncontiguous_and_determinism(rm):
 def test_auto_split_keeps_prefill_programs_long(rm, monkeypatch):
     """The GPU rules: SPLIT = 0 gives about 2 programs per SM; at prefill each keeps >= 16 K steps (H = 576 at 4096
     tokens: no split; H = 4096: 4 splits), at decode a split may be one step (H = 4096, BLOCK_K 128: 32 splits).
-    17-1024 tokens: 16-token tiles, split to about one program per SM."""
+    17-1024 tokens (17-128 for H >= 2048): 16-token tiles, split to about one program per SM."""
     monkeypatch.setattr(rm, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     assert rm._auto_split(64, 576, 64, cpu, min_steps=16) == 1
@@ -157,6 +157,8 @@ def test_auto_split_keeps_prefill_programs_long(rm, monkeypatch):
     small = rm.router_mask_config(32, 4096, 32, 112, cpu)  # 17-1024 tokens: 16-token tiles, ~one program per SM
     assert (small["BLOCK_M"], small["BLOCK_K"], small["SPLIT"]) == (16, 128, 32)
     assert rm.router_mask_config(1024, 576, 32, 12, cpu)["SPLIT"] == 2
+    assert rm.router_mask_config(128, 4096, 32, 112, cpu)["BLOCK_M"] == 16
+    assert rm.router_mask_config(1024, 4096, 32, 112, cpu)["BLOCK_M"] == 64  # wide H: the previous default
     assert rm.router_mask_config(4096, 4096, 32, 112, cpu)["BLOCK_M"] == 64
 
 
