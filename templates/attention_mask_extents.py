@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["attn_mask_extents", "check_attn_mask_extents", "mask_extents", "mask_extents_reference"]
+__all__ = ["attn_mask_extents", "check_attn_mask_extents", "mask_extents", "mask_extents_reference",
+           "mask_rows_over_keys"]
 
 
 @triton.jit
@@ -83,7 +84,7 @@ def mask_extents(mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _mask_rows(attn_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+def mask_rows_over_keys(attn_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
     """An attention mask (2-4 dims, broadcastable to ``[B, H, T, S]``) as the 4-D ``[Bm, Hm, Tm, S]`` view whose rows
     the extents describe (only a key axis of size 1 is expanded)."""
     mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
@@ -95,7 +96,7 @@ def attn_mask_extents(attn_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
     ``[Bm, Hm, Tm, 3]`` over the mask's own (un-broadcast) batch, head and query axes. Computed once, they can be
     passed to every attention that uses the same mask (``group_attention(..., attn_mask_extents=...)``): the layers
     of a model share one. The Triton kernel on CUDA and under the interpreter, else the PyTorch reference."""
-    rows = _mask_rows(attn_mask, kv_len)
+    rows = mask_rows_over_keys(attn_mask, kv_len)
     if rows.device.type == "cuda" or _interpreting():
         return mask_extents(rows)
     return mask_extents_reference(rows)

@@ -30,10 +30,9 @@ def _check(attn_mask: Tensor) -> None:
 def attn_mask_extents(attn_mask: Tensor, kv_len: int) -> Tensor:
     """int32 ``[Bm, Hm, Tm, 3]`` row extents of ``attn_mask`` over ``kv_len`` keys (see the module docstring)."""
     _check(attn_mask)
-    from wide_compile.templates.attention_mask_extents import mask_extents_reference
+    from wide_compile.templates.attention_mask_extents import mask_extents_reference, mask_rows_over_keys
 
-    mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-    return mask_extents_reference(mask4.expand(*mask4.shape[:3], kv_len))
+    return mask_extents_reference(mask_rows_over_keys(attn_mask, kv_len))
 
 
 @attn_mask_extents.register_kernel("cuda")
