@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["attn_mask_extents", "check_attn_mask_extents", "mask_extents", "mask_extents_reference",
-           "mask_rows_over_keys"]
+           "mask_row_shape", "mask_rows_over_keys"]
 
 
 @triton.jit
@@ -84,11 +84,16 @@ def mask_extents(mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def mask_row_shape(attn_mask: torch.Tensor) -> tuple:
+    """``(Bm, Hm, Tm)``: the batch, head and query sizes of an attention mask (2-4 dims, missing leading ones = 1)."""
+    return ((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))[:3]
+
+
 def mask_rows_over_keys(attn_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
     """An attention mask (2-4 dims, broadcastable to ``[B, H, T, S]``) as the 4-D ``[Bm, Hm, Tm, S]`` view whose rows
     the extents describe (only a key axis of size 1 is expanded)."""
-    mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-    return mask4.expand(*mask4.shape[:3], kv_len)
+    rows = mask_row_shape(attn_mask)
+    return attn_mask.reshape(*rows, attn_mask.shape[-1]).expand(*rows, kv_len)
 
 
 def attn_mask_extents(attn_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -104,8 +109,7 @@ def attn_mask_extents(attn_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
 
 def check_attn_mask_extents(extents: torch.Tensor, attn_mask: torch.Tensor) -> None:
     """Raise if ``extents`` cannot be the row extents of ``attn_mask`` (shape, dtype, device, unit last stride)."""
-    mask4 = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
-    want = (*mask4[:3], 3)
+    want = (*mask_row_shape(attn_mask), 3)
     if not isinstance(extents, torch.Tensor) or extents.dtype != torch.int32 or tuple(extents.shape) != want \
             or extents.device != attn_mask.device or extents.stride(-1) != 1:
         got = (f"{extents.dtype} {tuple(extents.shape)} on {extents.device}" if isinstance(extents, torch.Tensor)

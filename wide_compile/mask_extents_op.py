@@ -15,11 +15,6 @@ import torch
 from torch import Tensor
 
 
-def _rows(attn_mask: Tensor) -> tuple[int, ...]:
-    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
-    return shape[:3]
-
-
 def _check(attn_mask: Tensor) -> None:
     if attn_mask.dtype != torch.bool or not 2 <= attn_mask.dim() <= 4:
         raise ValueError(f"attn_mask_extents: attn_mask must be a 2-4-D boolean mask, got {attn_mask.dtype} of shape "
@@ -46,7 +41,9 @@ def _(attn_mask, kv_len):
 @attn_mask_extents.register_fake
 def _(attn_mask, kv_len):
     _check(attn_mask)
-    return attn_mask.new_empty((*_rows(attn_mask), 3), dtype=torch.int32)
+    from wide_compile.templates.attention_mask_extents import mask_row_shape
+
+    return attn_mask.new_empty((*mask_row_shape(attn_mask), 3), dtype=torch.int32)
 
 
 __all__ = ["attn_mask_extents"]
