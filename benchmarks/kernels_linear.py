@@ -338,6 +338,17 @@ def tma_sweeps(ms: tuple = (4096, 16384), wide: bool = True) -> list:
             + [("q_proj", m, "rand50", q_configs[m]) for m in ms])
 
 
+def gate_up_tile_sweeps(ms: tuple = (4096,)) -> list:
+    """The prefill gate/up GEMM at its TMA default (128 x 128 tiles, 8 warps, 4 stages) against tiles of 256 tokens
+    by 64 columns (each accumulator 256 x 64: the A tile read once per 128 MMA columns, as in cuBLAS's 256 x 128) and
+    the program order's group width ``GROUP_N`` (``kernels_linear_sweep_gate_up_tiles.json``)."""
+    base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True)
+    wide_m = dict(base, BLOCK_M=256, BLOCK_N=64)
+    configs = [base, dict(base, GROUP_N=4), dict(base, GROUP_N=16), dict(base, GROUP_N=32), wide_m,
+               dict(wide_m, num_stages=3), dict(wide_m, GROUP_N=16), dict(base, BLOCK_N=64, num_stages=5)]
+    return [("gate_up", m, "rand50", configs) for m in ms]
+
+
 def moderate_tile_sweeps() -> list:
     """The output-group GEMMs (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 64-1024 tokens,
     where the default tiles leave few programs per group (64 tokens: 32 programs for the query projection) or spill
@@ -377,16 +388,20 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None) -> list:
         g = OPS[op]["N"] // OPS[op]["gs"] if kind in ("gated", "output") else OPS[op]["K"] // OPS[op]["gs"]
         mask = make_mask(mname, m, g, gen)
         dense = bench_graph(case.dense_fns(half=False, act=False))
+        expected = case.ours_fns(mask)[0]().float()  # the default configuration's result: each config must match it
         for cfg in configs:
             cfg = dict(cfg)
             block_m = cfg.pop("BLOCK_M") if kind == "input" and "BLOCK_M" in cfg else None
             try:
-                t = bench_graph(case.ours_fns(mask, config=cfg, block_m=block_m))
+                fns = case.ours_fns(mask, config=cfg, block_m=block_m)
+                err = ((fns[0]().float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+                t = bench_graph(fns)
             except Exception as e:  # a config that does not compile / fit: report, continue
-                t = float("nan")
+                t = err = float("nan")
                 print(f"  config failed: {type(e).__name__}: {str(e)[:120]}")
-            out.append(dict(op=op, M=m, mask=mname, config=cfg, block_m=block_m, us=t, dense_us=dense))
-            print(f"SWEEP {op:8s} M={m:5d} {mname:9s} {cfg} bm={block_m} -> {t:8.1f}us (dense {dense:8.1f})", flush=True)
+            out.append(dict(op=op, M=m, mask=mname, config=cfg, block_m=block_m, us=t, dense_us=dense, rel_err=err))
+            print(f"SWEEP {op:8s} M={m:5d} {mname:9s} {cfg} bm={block_m} -> {t:8.1f}us (dense {dense:8.1f}) "
+                  f"rel err vs default {err:.1e}", flush=True)
         del case
         torch.cuda.empty_cache()
     return out
@@ -451,6 +466,8 @@ def main() -> None:
                     "64-1024 tokens instead (kernels_linear_sweep_moderate.json)")
     ap.add_argument("--sweep-moderate-gemv", action="store_true", help="time the output-group GEMV kernel against "
                     "the GEMM at 32-256 tokens instead (kernels_linear_sweep_moderate_gemv.json)")
+    ap.add_argument("--sweep-gate-up-tiles", action="store_true", help="time the prefill gate/up GEMM's tile shapes "
+                    "and program order instead (kernels_linear_sweep_gate_up_tiles.json; --ms: token counts)")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -469,6 +486,9 @@ def main() -> None:
     sweeps = {"sweep_decode": (decode_sweeps, "kernels_linear_sweep.json"),
               "sweep_tma": (lambda: tma_sweeps(tuple(int(v) for v in args.ms.split(",")), wide=False) if args.ms
                             else tma_sweeps(), "kernels_linear_sweep_tma.json"),
+              "sweep_gate_up_tiles": (lambda: gate_up_tile_sweeps(tuple(int(v) for v in args.ms.split(","))
+                                                          if args.ms else (4096,)),
+                                      "kernels_linear_sweep_gate_up_tiles.json"),
               "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
               "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}

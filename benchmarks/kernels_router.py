@@ -110,6 +110,17 @@ def prefill_configs(hidden: int, m: int) -> list[dict]:
     return [c for c in PREFILL_SWEEP if not (c["BLOCK_M"] * c["BLOCK_K"] >= 128 * 128 and c["num_warps"] == 4)]
 
 
+EPILOGUE_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 1024), (4096, 8, 1024), (576, 12, 4096),
+                   (576, 3, 4096), (576, 12, 1024), (4096, 112, 32), (576, 12, 32))
+
+
+def epilogue_configs(hidden: int, m: int) -> list[dict]:
+    """The epilogue's forms (two products or one on the logit difference; fp32 FMA or 3xTF32) and group chunk, on
+    the default token tile / K step / split."""
+    return [dict(LOGIT_DIFF=d, EPILOGUE_PRECISION=p, BLOCK_G=bg) for d in (False, True) for p in ("ieee", "tf32x3")
+            for bg in (16, 32, 64, 128)]
+
+
 def small_configs(hidden: int, m: int) -> list[dict]:
     """Token tile up to the batch, K step, SPLIT programs per tile (only splits the kernel would not clamp)."""
     tiles = [bm for bm in (16, 32, 64) if bm <= max(16, 1 << (m - 1).bit_length())]
@@ -140,8 +151,10 @@ def sweep_configs(gen: torch.Generator, path: str, meta: dict, shapes: tuple = P
         shape_rows = [r for r in rows
                       if (r["M"], r["H"], r["G"]) == (m, hidden, groups) and r["fused_us"] == r["fused_us"]]
         for r in sorted(shape_rows, key=lambda r: r["fused_us"])[:4]:
-            print(f"sweep H={hidden} G={groups} M={m}: default {default:.1f} us; BLOCK_M {r['BLOCK_M']} BLOCK_K "
-                  f"{r['BLOCK_K']} warps {r['num_warps']} SPLIT {r['SPLIT']}: {r['fused_us']:.1f} us "
+            print(f"sweep H={hidden} G={groups} M={m}: default {default:.1f} us; BLOCK_M {r.get('BLOCK_M', '-')} BLOCK_K "
+                  f"{r.get('BLOCK_K', '-')} warps {r.get('num_warps', '-')} SPLIT {r.get('SPLIT', '-')} BLOCK_G "
+                  f"{r.get('BLOCK_G', '-')} diff {r.get('LOGIT_DIFF', '-')} {r.get('EPILOGUE_PRECISION', '-')}: "
+                  f"{r['fused_us']:.1f} us "
                   f"(differ {r['differ']:.1e})", flush=True)
         with open(path, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -185,12 +198,14 @@ def main() -> None:
                         "(kernels_router_sweep_prefill.json)")
     parser.add_argument("--sweep-small", action="store_true", help="only a sweep of token tile / K step / split at "
                         "8-1024 tokens (kernels_router_sweep_small.json)")
+    parser.add_argument("--sweep-epilogue", action="store_true", help="only a sweep of the epilogue's forms and "
+                        "group chunk (kernels_router_sweep_epilogue.json)")
     parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
                         "one-token form (kernels_router_one_token.json)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
-    flags = (" --one-token" if args.one_token else " --sweep-prefill" if args.sweep_prefill
+    flags = (" --one-token" if args.one_token else " --sweep-epilogue" if args.sweep_epilogue else " --sweep-prefill" if args.sweep_prefill
              else " --sweep-small" if args.sweep_small else " --sweep-decode" if args.sweep_decode else "")
     meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out}{flags}",
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
@@ -202,6 +217,10 @@ def main() -> None:
     if args.sweep_small:
         sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_small.json"), meta, SMALL_SHAPES,
                       small_configs)
+        return
+    if args.sweep_epilogue:
+        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_epilogue.json"), meta, EPILOGUE_SHAPES,
+                      epilogue_configs)
         return
     if args.one_token:
         one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))

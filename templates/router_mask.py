@@ -53,6 +53,8 @@ if HAS_TRITON:
         BLOCK_G: tl.constexpr,
         EVEN_K: tl.constexpr,
         W_SPLIT3: tl.constexpr,
+        LOGIT_DIFF: tl.constexpr,
+        EPILOGUE_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
     ):
         if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
@@ -126,9 +128,13 @@ if HAS_TRITON:
                 w_exec = tl.load(skip_rows + R, mask=w_mask, other=0.0).to(tl.float32)
                 b_skip = tl.load(b_out_ptr + 2 * offs_g, mask=valid_g, other=0.0).to(tl.float32)
                 b_exec = tl.load(b_out_ptr + 2 * offs_g + 1, mask=valid_g, other=0.0).to(tl.float32)
-                l_skip = tl.dot(h, w_skip, input_precision="ieee") + b_skip[None, :]
-                l_exec = tl.dot(h, w_exec, input_precision="ieee") + b_exec[None, :]
-                decision = (l_exec >= l_skip).to(out_ptr.dtype.element_ty)
+                if LOGIT_DIFF:  # one product: l_exec - l_skip = h (w_exec - w_skip) + (b_exec - b_skip)
+                    margin = tl.dot(h, w_exec - w_skip, input_precision=EPILOGUE_PRECISION)
+                    decision = (margin + (b_exec - b_skip)[None, :] >= 0).to(out_ptr.dtype.element_ty)
+                else:
+                    l_skip = tl.dot(h, w_skip, input_precision=EPILOGUE_PRECISION) + b_skip[None, :]
+                    l_exec = tl.dot(h, w_exec, input_precision=EPILOGUE_PRECISION) + b_exec[None, :]
+                    decision = (l_exec >= l_skip).to(out_ptr.dtype.element_ty)
                 tl.store(out_rows + offs_g[None, :], decision, mask=valid_m[:, None] & valid_g[None, :])
 
 
@@ -142,10 +148,20 @@ DECODE_TOKENS = 16  # M <= this: one token tile, H split among programs
 # at 1024 tokens and H = 4096, where the previous default measured 32.0 µs, kernels_router.json).
 SMALL_TOKENS = 1024
 SMALL_TOKENS_WIDE = 128
+# The epilogue's logits from h[BLOCK_M, R] (fp32): two products (skip and execute columns, compared) or one product
+# with the difference of the columns (``LOGIT_DIFF``: half the work; rounding differs from the reference's only on
+# near-ties), as fp32 FMA (``"ieee"``) or on tensor cores with three TF32 products (``"tf32x3"``, about fp32's error).
+EPILOGUE = {"LOGIT_DIFF": False, "EPILOGUE_PRECISION": "ieee"}
+EPILOGUE_PRECISIONS = ("ieee", "tf32x3")
 
 
 def _sm_count(device: torch.device) -> int:
     return 4 if interpreting() or device.type != "cuda" else sm_count(device)
+
+
+def _block_g(groups: int) -> int:
+    """Groups per epilogue step: 64, or fewer where the router has fewer groups (16 at least, ``tl.dot``'s minimum)."""
+    return min(64, max(16, next_pow2(groups)))
 
 
 def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, device: torch.device) -> dict:
@@ -159,12 +175,19 @@ def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, dev
     elif num_tokens <= (SMALL_TOKENS if hidden < 2048 else SMALL_TOKENS_WIDE):  # 16-token tiles, ~1 program per SM
         block_k = max(16, min(128 if hidden >= 2048 else 64, 8192 // block_r, next_pow2(hidden)))
         split = max(1, min(_sm_count(device) // cdiv(num_tokens, 16), cdiv(hidden, block_k), 64))
-        return dict(BLOCK_M=16, BLOCK_K=block_k, BLOCK_G=64, SPLIT=split, num_warps=4, num_stages=3, W_SPLIT3=None)
+        return dict(BLOCK_M=16, BLOCK_K=block_k, BLOCK_G=_block_g(groups), SPLIT=split, num_warps=4, num_stages=3,
+                    W_SPLIT3=None)
     else:
-        block_m, block_k, block_g, stages = (64 if block_r <= 64 else 16), 64, 64, 3
+        block_m, block_k, block_g, stages = (64 if block_r <= 64 else 16), 64, _block_g(groups), 3
     block_k = max(16, min(block_k, 8192 // block_r, next_pow2(hidden)))  # bounded W_in tile
     return dict(BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_G=block_g, SPLIT=0, num_warps=4, num_stages=stages,
                 W_SPLIT3=None)
+
+
+def _epilogue_precision(choice: str) -> str:
+    if choice not in EPILOGUE_PRECISIONS:
+        raise ValueError(f"router_mask: EPILOGUE_PRECISION must be one of {EPILOGUE_PRECISIONS}, got {choice!r}")
+    return choice
 
 
 def _split_weights(x: torch.Tensor, num_tokens: int, choice: bool | None) -> bool:
@@ -236,6 +259,8 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         BLOCK_G=cfg["BLOCK_G"],
         EVEN_K=hidden % (block_k * split) == 0,
         W_SPLIT3=_split_weights(x2, num_tokens, cfg.get("W_SPLIT3")),
+        LOGIT_DIFF=bool(cfg.get("LOGIT_DIFF", EPILOGUE["LOGIT_DIFF"])),
+        EPILOGUE_PRECISION=_epilogue_precision(cfg.get("EPILOGUE_PRECISION", EPILOGUE["EPILOGUE_PRECISION"])),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **pdl_launch(x.device),

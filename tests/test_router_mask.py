@@ -127,6 +127,23 @@ def test_template_split_weights_on_tensor_cores(rm, m, split):
     assert not rm._split_weights(x.bfloat16(), 4096, True)  # the interpreter's bf16 dot is wrong
 
 
+@pytest.mark.parametrize("m, split, block_g", [(3, 1, 16), (40, 2, 16), (40, 1, 64)])
+def test_template_epilogue_forms(rm, m, split, block_g):
+    """The epilogue's logits as two products or one on the logit difference (``LOGIT_DIFF``), fp32 FMA or 3xTF32,
+    with group chunks narrower and wider than G (40 groups): all equal the reference except on near-ties; an unknown
+    precision is refused."""
+    x = tokens((m, 130), torch.float16, seed=m + 1)
+    weights = router_weights(130, 32, 40, seed=m)
+    for diff in (False, True):
+        for precision in rm.EPILOGUE_PRECISIONS:
+            cfg = {"SPLIT": split, "BLOCK_G": block_g, "LOGIT_DIFF": diff, "EPILOGUE_PRECISION": precision}
+            out = torch.full((m, 40), float("nan"))
+            assert_decisions_match(rm.router_mask(x, *weights, config=cfg, out=out), x, *weights)
+    with pytest.raises(ValueError, match="EPILOGUE_PRECISION must be one of"):
+        rm.router_mask(x, *weights, config={"EPILOGUE_PRECISION": "tf32"})
+    assert rm._block_g(8) == 16 and rm._block_g(40) == 64 and rm._block_g(112) == 64
+
+
 def test_template_leading_dims_noncontiguous_and_determinism(rm):
     """x[2, 5, H] as a transposed view; the default allocation path; split results are bit-identical across calls."""
     xt = tokens((2, 100, 5), torch.float32, seed=9)
@@ -460,6 +477,9 @@ def test_gpu_llama3_8b_router_shapes(groups):
                 assert_decisions_match(router_mask(x, *weights, config={"SPLIT": split}), x, *weights)
             for choice in (True, False):  # bf16 split of W_in on tensor cores / fp32 FMA
                 assert_decisions_match(router_mask(x, *weights, config={"W_SPLIT3": choice}), x, *weights)
+            for diff, precision in ((True, "ieee"), (True, "tf32x3"), (False, "tf32x3")):  # epilogue forms
+                cfg = {"LOGIT_DIFF": diff, "EPILOGUE_PRECISION": precision}
+                assert_decisions_match(router_mask(x, *weights, config=cfg), x, *weights)
             for bias in ("execute", "skip"):
                 forced = router_weights(4096, 32, groups, bias=bias, seed=groups, device="cuda")
                 expected = torch.full((m, groups), 1.0 if bias == "execute" else 0.0, device="cuda")
