@@ -287,14 +287,18 @@ def profile_steps(run: Run, step, start: int, cache, steps: int = 10, rewind_eac
                     set_cache_length(cache, start)
                 step(i)
             run.clock.sync()
-        rows = []
+        rows, host = [], []
         for evt in prof.key_averages():
             device_us = getattr(evt, "self_device_time_total", None)
             if device_us is None:
                 device_us = getattr(evt, "self_cuda_time_total", 0)
             rows.append({"name": evt.key[:120], "self_device_ms_per_step": device_us / 1e3 / steps, "count": evt.count})
+            host.append({"name": evt.key[:120], "host_ms_per_step": evt.cpu_time_total / 1e3 / steps,
+                         "self_host_ms_per_step": evt.self_cpu_time_total / 1e3 / steps, "count": evt.count})
         rows.sort(key=lambda r: -r["self_device_ms_per_step"])
-        return {"top": rows[:40], "total_device_ms_per_step": sum(r["self_device_ms_per_step"] for r in rows)}
+        host.sort(key=lambda r: -r["host_ms_per_step"])  # inclusive host time: where a host-bound step waits
+        return {"top": rows[:40], "total_device_ms_per_step": sum(r["self_device_ms_per_step"] for r in rows),
+                "host_top": host[:20]}
     except Exception as exc:  # noqa: BLE001 - optional diagnostics
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 

@@ -3,8 +3,9 @@
 ``benchmarks/e2e.py`` prefills a static KV cache of ``T + 64`` slots: the kernel gets an explicit boolean mask
 ``[1, 1, T, S]`` (causal over the filled slots, the rest hidden) with its row extents computed once per forward,
 queries and output token-major (``[B, T, H, D]`` memory seen as ``[B, H, T, D]``), K/V as the cache ``[B, Hkv, S, D]``.
-The launch configuration is chosen from ``max(T, S)``, so at T = 4096 the e2e prefill takes the 128-row tiles of
-longer sequences while the isolated causal benchmark (``kernels_attention.py``, S = T) takes 64-row tiles. This
+Until stop 14 the launch configuration was chosen from ``max(T, S)``, so at T = 4096 the e2e prefill took the
+128-row tiles of longer sequences while the isolated causal benchmark (``kernels_attention.py``, S = T) took 64-row
+tiles; with a mask it is now chosen from T (``attention_prefill.prefill_config``). This
 times every configuration of ``attention_prefill.SWEEP_CONFIGS`` on that layout (Llama-3-8B attention shapes, 50%
 random head-group masks), checks each against the default's output, and writes
 ``<out_dir>/kernels_attention_prefill_static.json``.
@@ -60,7 +61,7 @@ def main() -> None:
         head_mask = random_mask(1, q_len, 0.5, gen)
         q0, k0, v0, _ = sets[0]
         dims = check_attention_inputs(q0, k0, v0, head_mask, False, None, mask, ext)
-        default = prefill_config(q_len, q_len + EXTRA_SLOTS, D)
+        default = prefill_config(q_len, q_len + EXTRA_SLOTS, D, masked=True)
         configs = [default] + [dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), c)) for c in SWEEP_CONFIGS]
 
         def call(s, cfg):

@@ -279,7 +279,7 @@ _PREFILL_CONFIGS = (
     (4096, 64, 64, 4, 3),
     (1 << 62, 128, 64, 8, 3),
 )
-SWEEP_CONFIGS = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4))
+SWEEP_CONFIGS = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4))
 
 _SMEM_LIMIT = 227 * 1024
 
@@ -287,15 +287,21 @@ _SMEM_LIMIT = 227 * 1024
 _INTERPRET_META = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
 
 
-def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2) -> dict:
+def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2, masked: bool = False) -> dict:
     """``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}`` for the prefill kernel.
+
+    The row of ``_PREFILL_CONFIGS`` is chosen by ``max(q_len, kv_len)``, or by ``q_len`` with an explicit mask
+    (``masked``): a static KV cache's slots past the prompt are never visited, so its ``kv_len`` overstates the work.
+    H200, a 4096-token prompt in 4160 slots, 50% random head groups (``kernels_attention_prefill_static.json``):
+    64 x 64 tiles 0.219 ms per layer against 0.249 for the 128 x 64 tiles ``max`` chose; 16384 tokens: 128 x 64
+    2.47 ms against 2.57.
 
     Tiles shrink for wide heads or fp32 so that Q plus the pipelined K/V stages fit in the 227 KB of shared memory
     of an sm_90 block and the fp32 accumulator stays in registers.
     """
     if interpreting():
         return dict(_INTERPRET_META)
-    length = max(q_len, kv_len)
+    length = q_len if masked else max(q_len, kv_len)
     for max_len, block_m, block_n, warps, stages in _PREFILL_CONFIGS:
         if length <= max_len:
             break
@@ -351,7 +357,7 @@ def launch_prefill(
     )
     meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "HAS_AMASK": amask is not None,
             "INPUT_PRECISION": precision}
-    cfg = config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size())
+    cfg = config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size(), amask is not None)
     grid = (triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads)
     _prefill_kernel[grid](*args, **meta, TILE_MASK=False, **cfg)
     if amask is not None:  # tiles with a row that is not one contiguous key range (its programs exit at once otherwise)

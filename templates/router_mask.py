@@ -26,7 +26,8 @@ The workspace is allocated per call; the counters come from ``arrival_counters``
 per call).
 
 R and G are padded to powers of two >= 16 with masked loads; H may be ragged. ``x`` is read in its own dtype
-(bf16 / fp16 / fp32) and cast to fp32 in registers (exact). Router weights in fp16 / bf16 (not the default) take the
+(bf16 / fp16 / fp32) and cast to fp32 in registers (exact). The epilogue compares ``h (W_out[1::2] - W_out[0::2])^T +
+(b_out[1::2] - b_out[0::2])`` with 0 (one product, three TF32 parts on tensor cores; see ``EPILOGUE``). Router weights in fp16 / bf16 (not the default) take the
 PyTorch reference, whose intermediate rounding an fp32 kernel would not reproduce.
 """
 from __future__ import annotations
@@ -151,7 +152,12 @@ SMALL_TOKENS_WIDE = 128
 # The epilogue's logits from h[BLOCK_M, R] (fp32): two products (skip and execute columns, compared) or one product
 # with the difference of the columns (``LOGIT_DIFF``: half the work; rounding differs from the reference's only on
 # near-ties), as fp32 FMA (``"ieee"``) or on tensor cores with three TF32 products (``"tf32x3"``, about fp32's error).
-EPILOGUE = {"LOGIT_DIFF": False, "EPILOGUE_PRECISION": "ieee"}
+# The fp32 FMA products were the slow part. H200, µs, two FMA products with 64-group chunks -> one 3xTF32 product with
+# ``_block_g`` chunks (``benchmarks/results/kernels_router_sweep_epilogue.json``; decisions differ from the reference
+# on the same 2e-6 of near-ties): H = 4096 at 4096 tokens 40.2 -> 24.8 (112 groups) and 25.2 -> 21.6 (8 groups), at
+# 1024 tokens 26.7 -> 19.1; at 32 tokens 10.4 -> 6.7; H = 576 at 4096 tokens 12.1 -> 9.7, at 1024 7.5 -> 6.8, at 32
+# 5.3 -> 4.6. Decode (<= 16 tokens) takes the same epilogue (not swept there).
+EPILOGUE = {"LOGIT_DIFF": True, "EPILOGUE_PRECISION": "tf32x3"}
 EPILOGUE_PRECISIONS = ("ieee", "tf32x3")
 
 

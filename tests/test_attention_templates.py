@@ -405,3 +405,15 @@ def test_prefill_mask_broadcast_over_keys_and_queries():
         group_attention_prefill(q, k, v, head_mask, causal=False, out=out, attn_mask=amask)
         assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=False, attn_mask=amask), head_mask,
                        torch.float32)
+
+
+def test_prefill_launch_config_follows_the_prompt_with_an_explicit_mask(monkeypatch):
+    """The GPU launch rule: tiles by max(T, S) without a mask, by T with one (a static cache's unfilled slots are
+    never visited): a 4096-token prompt in 4160 slots takes the 64 x 64 tiles measured faster there."""
+    prefill = sys.modules["wide_compile.templates.attention_prefill"]
+    monkeypatch.setattr(prefill, "interpreting", lambda: False)
+    small = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    assert prefill.prefill_config(4096, 4160, 128, 2, masked=True) == small
+    assert prefill.prefill_config(4096, 4160, 128, 2)["BLOCK_M"] == 128
+    assert prefill.prefill_config(16384, 16448, 128, 2, masked=True)["BLOCK_M"] == 128
+    assert prefill.prefill_config(1024, 1024, 128, 2) == small
