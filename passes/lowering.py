@@ -25,6 +25,8 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
 5. Router decisions at inference (no noise, no gradient), where ``router_mask_op.fused_for`` says it pays:
    ``threshold_gate(router_logits(...))`` -> ``wide::router_mask`` (``router_lowering``; the ``wide.fuse_routers``
    backend option).
+6. The rotary embedding's cos / sin table, when several layers read it: ``wide::realize`` after it, so Inductor
+   computes it once per forward instead of inside every layer's RoPE (``rotary_realize``).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
@@ -45,6 +47,7 @@ import wide_compile.router_mask_op  # noqa: F401  (registers wide::router_mask)
 
 from .attention_lowering import lower_attention_queries
 from .mask_extents_sharing import share_mask_extents
+from .rotary_realize import realize_rotary_tables
 from .dense_siblings import fuse_dense_siblings
 from .router_lowering import lower_router_decisions
 from .torch_patterns import (
@@ -58,6 +61,7 @@ class LoweringResult:
 
     lowered: dict[str, int] = field(default_factory=dict)  # lowered op name -> number of calls inserted
     generic: list[str] = field(default_factory=list)  # "node: reason" for masks left (partly) on the generic path
+    stored: dict[str, int] = field(default_factory=dict)  # values stored once instead of inlined ("rotary tables")
 
     def count(self, op: str) -> None:
         self.lowered[op] = self.lowered.get(op, 0) + 1
@@ -236,6 +240,9 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
         if fused:
             result.lowered["output_group_linear_with_dense"] = fused
         result.generic.extend(sibling_reasons)
+    tables = realize_rotary_tables(gm.graph)
+    if tables:
+        result.stored["rotary tables"] = tables
     gm.graph.lint()
     gm.recompile()
     return result

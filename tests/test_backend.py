@@ -303,7 +303,8 @@ def test_rewrite_fires_on_a_captured_wide_model_graph():
     assert len(queries) == 2 and all("the mask needs a gradient" in why for why in queries)
     assert sum("the router logits need a gradient" in why for why in result.generic) == 4
     assert wide_op_names(gm.graph) == {"router_logits": 4, "threshold_gate": 4, "gated_up_groups": 2,
-                                       "masked_input_linear": 4}
+                                       "masked_input_linear": 4, "realize": 2}
+    assert result.stored == {"rotary tables": 2}  # cos and sin, stored once for both layers
     torch.testing.assert_close(gm(*example), expected, rtol=1e-5, atol=1e-5)
 
 

@@ -195,7 +195,7 @@ def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None 
         wide_ops=wide_ops, lowered=result.lowered, generic=result.generic, graph_break=graph_break,
         inner=settings.inner, options=settings.inductor_options, graph_module=gm,
         storages=input_storages(example_inputs),
-        is_recompile=bool(getattr(compile_id, "frame_compile_id", 0)),
+        is_recompile=bool(getattr(compile_id, "frame_compile_id", 0)), stored=dict(result.stored),
     ))
     return compiled
 

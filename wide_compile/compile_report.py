@@ -37,6 +37,7 @@ class GraphRecord:
     graph_module: fx.GraphModule = field(repr=False)  # the rewritten graph given to the inner compiler
     storages: frozenset[int] = field(default=frozenset(), repr=False)  # storages of the real inputs
     is_recompile: bool = False  # Dynamo compiled this frame before (frame_compile_id > 0)
+    stored: dict[str, int] = field(default_factory=dict)  # values the backend has Inductor store once (not inline)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class CompileReport:
                  f"{sum(self.graph_breaks.values())} graph break(s) (process-wide); lowered {self.lowered}"]
         for g in self.graphs:
             lines.append(f"  [{g.compile_id}] {g.code}: {g.nodes} nodes, wide ops {g.wide_ops}, lowered {g.lowered}"
+                         f"{f', stored once {g.stored}' if g.stored else ''}"
                          f"{', ended by graph break' if g.graph_break else ''}")
             lines += [f"      generic path: {why}" for why in g.generic]
         for reason, n in self.graph_breaks.items():
