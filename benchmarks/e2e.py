@@ -109,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="set torch._inductor.config.KEY for BOTH variants (repeatable; true / false become bools, "
                         "digits ints). Both variants already get the wide backend's Inductor defaults "
                         "(wide_compile.backend.inductor_defaults(): combo kernels); a KEY given here overrides them")
+    p.add_argument("--skip-guard-eval", action="store_true",
+                   help="time the calls under torch.compiler.set_stance(skip_guard_eval_unsafe=True), both variants "
+                        "(after each shape's warm-up): the host's guard check left out of the step")
     p.add_argument("--profile", action="store_true",
                    help="profile 10 decode steps per batch size and 2 prefills per length (top CUDA kernels)")
     p.add_argument("--seed", type=int, default=0)
@@ -198,6 +201,14 @@ class Run:
 T_START = time.perf_counter()
 
 
+def steady_stance(args: argparse.Namespace):
+    """What the timed calls run under: with ``--skip-guard-eval``, ``torch.compiler.set_stance`` skipping Dynamo's
+    guard evaluation (after the shape's own compiling and recording calls; both variants alike), else nothing."""
+    if not args.skip_guard_eval:
+        return contextlib.nullcontext
+    return lambda: torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+
+
 def model_of(run: Run, variant: str):
     """The model a variant runs: the dense one, or the WIDE twin (also for the all-active variant)."""
     return run.models.dense if variant == "dense" else run.models.wide
@@ -206,7 +217,7 @@ def model_of(run: Run, variant: str):
 def measure_prefill(run: Run, fn, variant: str, length: int) -> dict:
     model = model_of(run, variant)
     prefill = PrefillRun(fn, model, length)
-    out = time_prefill(prefill, run.clock, run.args.prefill_runs)
+    out = time_prefill(prefill, run.clock, run.args.prefill_runs, steady_stance(run.args))
     if variant == "wide":
         prefill.rewind()
         prefill.call()
@@ -254,7 +265,7 @@ def compare_with_eager(fn, model, ids: torch.Tensor, kwargs: dict, rewind) -> di
 def measure_decode(run: Run, fn, variant: str, batch: int) -> dict:
     model = model_of(run, variant)
     decode = DecodeRun(fn, model, batch, run.args.kv_slots, run.args.decode_steps)
-    out = time_decode(decode, run.clock)
+    out = time_decode(decode, run.clock, steady_stance(run.args))
     if variant == "wide":
         decode.rewind()
         mask_steps = []
@@ -271,6 +282,29 @@ def measure_decode(run: Run, fn, variant: str, batch: int) -> dict:
     if run.args.profile:
         out["profile"] = profile_steps(run, decode.step, decode.start, decode.cache)
     return out
+
+
+def device_occupancy(prof, steps: int) -> dict:
+    """How much of the profiled window the GPU was running something: the union of the device activities' intervals
+    (``device_busy_ms_per_step``) against the window from the first start to the last end
+    (``device_window_ms_per_step``). A step whose measured time exceeds its busy time waits on gaps between kernels
+    (launch latency, tails) when the window is about the measured time, and on the host when it is not."""
+    from torch.autograd import DeviceType
+
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not spans:
+        return {}
+    busy, (cur_start, cur_end) = 0.0, spans[0]
+    for start, end in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    return {"device_busy_ms_per_step": busy / 1e3 / steps,
+            "device_window_ms_per_step": (spans[-1][1] - spans[0][0]) / 1e3 / steps}
 
 
 def profile_steps(run: Run, step, start: int, cache, steps: int = 10, rewind_each: bool = False) -> dict:
@@ -298,7 +332,7 @@ def profile_steps(run: Run, step, start: int, cache, steps: int = 10, rewind_eac
         rows.sort(key=lambda r: -r["self_device_ms_per_step"])
         host.sort(key=lambda r: -r["host_ms_per_step"])  # inclusive host time: where a host-bound step waits
         return {"top": rows[:40], "total_device_ms_per_step": sum(r["self_device_ms_per_step"] for r in rows),
-                "host_top": host[:20]}
+                "host_top": host[:20], **device_occupancy(prof, steps)}
     except Exception as exc:  # noqa: BLE001 - optional diagnostics
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -541,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                      "inner": args.inner, "dynamic": args.dynamic, "sparsity": args.sparsity,
                      "prefill": args.prefill, "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
                      "prefill_runs": args.prefill_runs, "kv_slots": args.kv_slots, "budget_s": args.budget_s,
-                     "stage_timeout_s": args.stage_timeout_s, "seed": args.seed,
+                     "stage_timeout_s": args.stage_timeout_s, "seed": args.seed, "skip_guard_eval": args.skip_guard_eval,
                      "timing": "CUDA events" if args.device.type == "cuda" else "perf_counter"},
         "model": {}, "stages": {}, "results": {}, "errors": [],
     }

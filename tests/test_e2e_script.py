@@ -17,7 +17,8 @@ def test_tiny_run_with_all_active_baseline(tmp_path):
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "e2e.py"), "--model", "tiny", "--prefill", "16",
                            "--decode-batch", "1", "--decode-steps", "4", "--prefill-runs", "2", "--all-active",
-                           "--wide-option", "wide.one_token_routers=reduction", "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+                           "--wide-option", "wide.one_token_routers=reduction", "--skip-guard-eval", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["errors"] == []
@@ -30,6 +31,7 @@ def test_tiny_run_with_all_active_baseline(tmp_path):
         ratio = entry["dense"][metric]["median_ms"] / entry["wide_all_active"][metric]["median_ms"]
         assert abs(entry["dense_over_all_active"] - ratio) < 1e-9
     assert record["settings"]["wide_options"] == {"wide.one_token_routers": "reduction"}
+    assert record["settings"]["skip_guard_eval"] is True  # the timed calls ran without guard evaluation
     assert record["stages"]["decode[1]/wide"]["wide_compile_report"]["lowered"]["router_reduction"] == 8  # 4 layers
     check = prefill["wide"]["check_vs_eager"]
     assert check["same_masks_logits_cosine"] > 0.9999 and check["same_masks_top1_equal"]  # fp32 CPU: same model

@@ -6,6 +6,8 @@ step, or profile it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -61,28 +63,32 @@ class DecodeRun:
         set_cache_length(self.cache, self.start)
 
 
-def time_prefill(run: PrefillRun, clock: Clock, runs: int) -> dict:
+def time_prefill(run: PrefillRun, clock: Clock, runs: int, steady: Callable[[], ContextManager] = nullcontext) -> dict:
     """Time to first token: median of ``runs`` prefills (after a first call, which compiles, and a second, which
-    records CUDA graphs under ``reduce-overhead``)."""
+    records CUDA graphs under ``reduce-overhead``). ``steady()`` is entered around the timed calls only (e.g.
+    ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, once this shape is compiled)."""
     run.rewind()
     first_s = clock.wall(run.call)
     run.rewind()
     second_s = clock.wall(run.call)
     run.rewind()
     run.call()
-    times = clock.each(run.call, runs, before=run.rewind)
+    with steady():
+        times = clock.each(run.call, runs, before=run.rewind)
     return {"ttft": summary(times), "first_call_s": first_s, "second_call_s": second_s, "prompt": run.length,
             "cache_slots": run.slots, "cache_gb": cache_bytes(run.cache) / 2**30}
 
 
-def time_decode(run: DecodeRun, clock: Clock) -> dict:
-    """ms per decode step: each of ``run.steps`` steps between two events (after a compiling and a recording call)."""
+def time_decode(run: DecodeRun, clock: Clock, steady: Callable[[], ContextManager] = nullcontext) -> dict:
+    """ms per decode step: each of ``run.steps`` steps between two events (after a compiling and a recording call);
+    ``steady()`` as in :func:`time_prefill`."""
     run.rewind()
     first_s = clock.wall(lambda: run.step(0))
     second_s = clock.wall(lambda: run.step(1))
     run.step(2)
     run.rewind()
-    times = clock.each(run.step, run.steps)
+    with steady():
+        times = clock.each(run.step, run.steps)
     stats = summary(times)
     return {"ms_per_step": stats, "tokens_per_s": run.batch * 1e3 / stats["median_ms"], "first_call_s": first_s,
             "second_call_s": second_s, "batch": run.batch, "cache_slots": run.slots,
