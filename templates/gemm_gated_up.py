@@ -14,6 +14,10 @@ two device calls (``benchmarks/results/kernels_linear_sweep_tma.json``, ``kernel
 and 983.9 / 859.4 / 882.4; 8192 1856.5 / 1701.5 / 1949.7; 16384 3648.1 / 3498.6 / 3621.9 and 3576.0 / 3670.9 /
 3382.8. Between calls the same configuration varies by up to 16%: from 8192 tokens TMA with 3 and 4 stages trade
 places. An explicit ``config={"TMA": True}`` on weights TMA cannot take raises.
+
+``WARP_SPECIALIZE`` (config key, off by default; not yet measured): the K loop as ``tl.range(...,
+warp_specialize=True)``, Triton's automatic warp specialisation (producer warps for the loads, consumer warps for the
+MMAs), for the sweep ``benchmarks/kernels_linear.py --sweep-gate-up-tiles``.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ if HAS_TRITON:
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         USE_TMA: tl.constexpr,
+        WARP_SPECIALIZE: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
@@ -58,7 +63,7 @@ if HAS_TRITON:
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
-            for k in range(0, K, BLOCK_K):
+            for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
                 a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
                 bg = load_weight_tile(wg_ptrs, wg_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
                 bu = load_weight_tile(wu_ptrs, wu_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
@@ -124,6 +129,7 @@ def gated_up_gemm(
         UPCAST=interpreting(),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         USE_TMA=tma,
+        WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -10,6 +10,9 @@ share weight tiles and (as per-group lists are in ascending token order) nearby 
 
 From 512 tokens the weight tiles come through TMA descriptors (``tma_weights``), as in the gate/up GEMM, where the
 weights allow it (a default falls back to pointer loads; an explicit ``config={"TMA": True}`` raises instead).
+
+``WARP_SPECIALIZE`` (config key, off by default; not yet measured): the K loop with Triton's automatic warp
+specialisation, as in ``gemm_gated_up``.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ if HAS_TRITON:
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         USE_TMA: tl.constexpr,
+        WARP_SPECIALIZE: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
@@ -51,7 +55,7 @@ if HAS_TRITON:
             w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
-            for k in range(0, K, BLOCK_K):
+            for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
                 a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
                 b = load_weight_tile(w_ptrs, w_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
                 acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
@@ -121,6 +125,7 @@ def output_groups_gemm(
         UPCAST=interpreting(),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         USE_TMA=tma,
+        WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

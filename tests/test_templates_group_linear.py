@@ -185,6 +185,22 @@ def test_group_gemms_with_tma_weight_tiles(k, kind):
                                 config={"TMA": True})  # 120-byte rows
 
 
+def test_group_gemms_with_warp_specialized_k_loop(k):
+    """``config={"WARP_SPECIALIZE": True}`` (the K loop through ``tl.range(..., warp_specialize=True)``, a sweep
+    option): same results as the reference, ragged M and K."""
+    gen = torch.Generator().manual_seed(12)
+    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
+    m, d, gs, n = 37, 80, 48, 144
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    wg, wu = ((torch.randn(n, d, generator=gen) / 9).to(dtype) for _ in range(2))
+    mask = _mask("random", m, n // gs, gen)
+    cfg = {"TMA": True, "WARP_SPECIALIZE": True}
+    h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
+    _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
+    y = lin.output_group_linear(x, wg, mask, gs, None, path="gemm", config=cfg, out=_poisoned((m, n), dtype))
+    _check(y, ref.output_group_linear_reference(x, wg, mask, gs, None), dtype, mask, gs)
+
+
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
     """On the GPU the prefill defaults from 512 tokens load weight tiles through TMA (4 stages up to 8191 tokens, 3
     from 8192); weights TMA cannot take (fp32) then run the pointer loads instead of failing."""
