@@ -121,6 +121,11 @@ def epilogue_configs(hidden: int, m: int) -> list[dict]:
             for bg in (16, 32, 64, 128)]
 
 
+def parts_configs(hidden: int, m: int) -> list[dict]:
+    """W_in's split in two parts (hi + mid) against three, with 3 and 4 pipeline stages, on the default tiles."""
+    return [dict(W_PARTS=p, num_stages=st) for p in (3, 2) for st in (3, 4)]
+
+
 def small_configs(hidden: int, m: int) -> list[dict]:
     """Token tile up to the batch, K step, SPLIT programs per tile (only splits the kernel would not clamp)."""
     tiles = [bm for bm in (16, 32, 64) if bm <= max(16, 1 << (m - 1).bit_length())]
@@ -151,10 +156,8 @@ def sweep_configs(gen: torch.Generator, path: str, meta: dict, shapes: tuple = P
         shape_rows = [r for r in rows
                       if (r["M"], r["H"], r["G"]) == (m, hidden, groups) and r["fused_us"] == r["fused_us"]]
         for r in sorted(shape_rows, key=lambda r: r["fused_us"])[:4]:
-            print(f"sweep H={hidden} G={groups} M={m}: default {default:.1f} us; BLOCK_M {r.get('BLOCK_M', '-')} BLOCK_K "
-                  f"{r.get('BLOCK_K', '-')} warps {r.get('num_warps', '-')} SPLIT {r.get('SPLIT', '-')} BLOCK_G "
-                  f"{r.get('BLOCK_G', '-')} diff {r.get('LOGIT_DIFF', '-')} {r.get('EPILOGUE_PRECISION', '-')}: "
-                  f"{r['fused_us']:.1f} us "
+            config = {k: v for k, v in r.items() if k not in ("M", "H", "G", "fused_us", "default_us", "differ")}
+            print(f"sweep H={hidden} G={groups} M={m}: default {default:.1f} us; {config}: {r['fused_us']:.1f} us "
                   f"(differ {r['differ']:.1e})", flush=True)
         with open(path, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -200,12 +203,15 @@ def main() -> None:
                         "8-1024 tokens (kernels_router_sweep_small.json)")
     parser.add_argument("--sweep-epilogue", action="store_true", help="only a sweep of the epilogue's forms and "
                         "group chunk (kernels_router_sweep_epilogue.json)")
+    parser.add_argument("--sweep-parts", action="store_true", help="only a sweep of W_in's split in two or three "
+                        "parts at the prefill shapes (kernels_router_sweep_parts.json)")
     parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
                         "one-token form (kernels_router_one_token.json)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
-    flags = (" --one-token" if args.one_token else " --sweep-epilogue" if args.sweep_epilogue else " --sweep-prefill" if args.sweep_prefill
+    flags = (" --one-token" if args.one_token else " --sweep-epilogue" if args.sweep_epilogue
+             else " --sweep-parts" if args.sweep_parts else " --sweep-prefill" if args.sweep_prefill
              else " --sweep-small" if args.sweep_small else " --sweep-decode" if args.sweep_decode else "")
     meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out}{flags}",
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
@@ -221,6 +227,10 @@ def main() -> None:
     if args.sweep_epilogue:
         sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_epilogue.json"), meta, EPILOGUE_SHAPES,
                       epilogue_configs)
+        return
+    if args.sweep_parts:
+        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_parts.json"), meta, EPILOGUE_SHAPES[:7],
+                      parts_configs)
         return
     if args.one_token:
         one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))

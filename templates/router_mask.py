@@ -54,6 +54,7 @@ if HAS_TRITON:
         BLOCK_G: tl.constexpr,
         EVEN_K: tl.constexpr,
         W_SPLIT3: tl.constexpr,
+        W_PARTS: tl.constexpr,
         LOGIT_DIFF: tl.constexpr,
         EPILOGUE_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
@@ -88,8 +89,9 @@ if HAS_TRITON:
                 w_hi = wt.to(xt.dtype)
                 rest = wt - w_hi.to(tl.float32)
                 w_mid = rest.to(xt.dtype)
-                w_lo = (rest - w_mid.to(tl.float32)).to(xt.dtype)
-                acc = tl.dot(xt, w_lo, acc)
+                if W_PARTS == 3:
+                    w_lo = (rest - w_mid.to(tl.float32)).to(xt.dtype)
+                    acc = tl.dot(xt, w_lo, acc)
                 acc = tl.dot(xt, w_mid, acc)
                 acc = tl.dot(xt, w_hi, acc)
             else:
@@ -190,6 +192,14 @@ def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, dev
                 W_SPLIT3=None)
 
 
+def _w_parts(parts: int) -> int:
+    """Parts of the ``W_SPLIT3`` split multiplied: 3 (fp32-exact products, the default) or 2 (``hi + mid``: 16 of
+    W_in's 24 significand bits, one tensor-core product fewer per K step; a sweep option, not measured yet)."""
+    if parts not in (2, 3):
+        raise ValueError(f"router_mask: W_PARTS must be 2 or 3, got {parts!r}")
+    return parts
+
+
 def _epilogue_precision(choice: str) -> str:
     if choice not in EPILOGUE_PRECISIONS:
         raise ValueError(f"router_mask: EPILOGUE_PRECISION must be one of {EPILOGUE_PRECISIONS}, got {choice!r}")
@@ -265,6 +275,7 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         BLOCK_G=cfg["BLOCK_G"],
         EVEN_K=hidden % (block_k * split) == 0,
         W_SPLIT3=_split_weights(x2, num_tokens, cfg.get("W_SPLIT3")),
+        W_PARTS=_w_parts(cfg.get("W_PARTS", 3)),
         LOGIT_DIFF=bool(cfg.get("LOGIT_DIFF", EPILOGUE["LOGIT_DIFF"])),
         EPILOGUE_PRECISION=_epilogue_precision(cfg.get("EPILOGUE_PRECISION", EPILOGUE["EPILOGUE_PRECISION"])),
         num_warps=cfg["num_warps"],

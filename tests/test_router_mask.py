@@ -122,6 +122,11 @@ def test_template_split_weights_on_tensor_cores(rm, m, split):
         out = torch.full((m, 40), float("nan"))
         assert_decisions_match(rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": choice}, out=out),
                                x, *weights)
+    out = torch.full((m, 40), float("nan"))  # two parts of the split (hi + mid): near-ties only, too
+    assert_decisions_match(rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": True, "W_PARTS": 2},
+                                          out=out), x, *weights)
+    with pytest.raises(ValueError, match="W_PARTS must be 2 or 3"):
+        rm.router_mask(x, *weights, config={"W_PARTS": 1})
     assert rm._split_weights(x, m, None) == (m > rm.DECODE_TOKENS)
     assert not rm._split_weights(x.float(), 4096, True)  # fp32 x has no exact 16-bit form
     assert not rm._split_weights(x.bfloat16(), 4096, True)  # the interpreter's bf16 dot is wrong
