@@ -8,8 +8,9 @@ CPU output code shows it; on the GPU the per-layer RoPE / cache-write kernel of 
 used more than once, and routes those users through ``wide::realize`` (``wide_compile.realize_op``): Inductor must
 then store the table, and the layers load it.
 
-Left alone: ``cos`` / ``sin`` with one consumer (nothing is recomputed), and chains through anything but the
-listed casts and elementwise scalings.
+Left alone: ``cos`` / ``sin`` with one consumer (nothing is recomputed), chains through anything but the listed
+casts and elementwise scalings, and tables of at most ``MAX_INLINE_ROWS`` positions in a static-shape graph (a decode
+step: recomputing one row per layer costs less than the two extra launches).
 """
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ import torch
 from torch import fx
 
 import wide_compile.realize_op  # noqa: F401  (registers wide::realize)
+
+from .torch_patterns import example_value
+
+MAX_INLINE_ROWS = 16
 
 _TRIG_METHODS = {"cos", "sin"}
 _TRIG_FUNCTIONS = {torch.cos, torch.sin, torch.ops.aten.cos.default, torch.ops.aten.sin.default}
@@ -52,12 +57,20 @@ def _table_end(trig: fx.Node) -> fx.Node:
     return node
 
 
+def _few_rows(node: fx.Node) -> bool:
+    """Whether ``node``'s value is known to hold at most ``MAX_INLINE_ROWS`` rows of its last dimension."""
+    value = example_value(node)
+    if value is None or value.dim() == 0 or not all(isinstance(d, int) for d in value.shape):
+        return False
+    return value.numel() // max(1, value.shape[-1]) <= MAX_INLINE_ROWS
+
+
 def realize_rotary_tables(graph: fx.Graph) -> int:
     """Insert ``wide::realize`` after each shared cos / sin table (see the module docstring); returns how many."""
     done = 0
     for trig in [n for n in graph.nodes if _is_trig(n)]:
         end = _table_end(trig)
-        if len(end.users) < 2:
+        if len(end.users) < 2 or _few_rows(end):
             continue
         with graph.inserting_after(end):
             stored = graph.call_function(torch.ops.wide.realize.default, (end,))

@@ -48,6 +48,20 @@ def test_a_table_with_one_reader_is_left_alone():
     assert not any(n.target is torch.ops.wide.realize.default for n in gm.graph.nodes)
 
 
+def test_a_decode_sized_table_is_left_alone():
+    """With example values (Dynamo's graphs), a table of at most 16 positions (a decode step) stays inline; 17 is
+    realized."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for rows, expected in ((1, 0), (16, 0), (17, 2)):
+        gm = _traced(2)
+        mode = FakeTensorMode()
+        for node in gm.graph.nodes:  # (only the tables' values are read: every call gets a [rows, 8] value)
+            if node.op in ("call_method", "call_function"):
+                node.meta["example_value"] = mode.from_tensor(torch.empty(rows, 8))
+        assert realize_rotary_tables(gm.graph) == expected, rows
+
+
 def test_realize_op_copies_and_passes_gradients():
     x = torch.randn(4, 3, requires_grad=True)
     y = torch.ops.wide.realize(x)
