@@ -575,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                      "inner": args.inner, "dynamic": args.dynamic, "sparsity": args.sparsity,
                      "prefill": args.prefill, "decode_batch": args.decode_batch, "decode_steps": args.decode_steps,
                      "prefill_runs": args.prefill_runs, "kv_slots": args.kv_slots, "budget_s": args.budget_s,
-                     "stage_timeout_s": args.stage_timeout_s, "seed": args.seed, "skip_guard_eval": args.skip_guard_eval,
+                     "stage_timeout_s": args.stage_timeout_s, "seed": args.seed,
+                     "skip_guard_eval": args.skip_guard_eval,
                      "timing": "CUDA events" if args.device.type == "cuda" else "perf_counter"},
         "model": {}, "stages": {}, "results": {}, "errors": [],
     }

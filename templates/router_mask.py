@@ -27,8 +27,9 @@ per call).
 
 R and G are padded to powers of two >= 16 with masked loads; H may be ragged. ``x`` is read in its own dtype
 (bf16 / fp16 / fp32) and cast to fp32 in registers (exact). The epilogue compares ``h (W_out[1::2] - W_out[0::2])^T +
-(b_out[1::2] - b_out[0::2])`` with 0 (one product, three TF32 parts on tensor cores; see ``EPILOGUE``). Router weights in fp16 / bf16 (not the default) take the
-PyTorch reference, whose intermediate rounding an fp32 kernel would not reproduce.
+(b_out[1::2] - b_out[0::2])`` with 0 (one product, three TF32 parts on tensor cores; see ``EPILOGUE``). Router
+weights in fp16 / bf16 (not the default) take the PyTorch reference, whose intermediate rounding an fp32 kernel would
+not reproduce.
 """
 from __future__ import annotations
 
