@@ -456,6 +456,8 @@ def finalize(run: Run) -> None:
             dense, wide = entry.get("dense", {}), entry.get("wide", {})
             ratios = {
                 "time": _ratio(dense.get(metric, {}).get("median_ms"), wide.get(metric, {}).get("median_ms")),
+                "cold_time": _ratio(dense.get("ttft_cold", {}).get("median_ms"),
+                                    wide.get("ttft_cold", {}).get("median_ms")),
                 "first_call_s": _ratio(dense.get("first_call_s"), wide.get("first_call_s")),
                 "peak_allocated_gb": _ratio(dense.get("peak_allocated_gb"), wide.get("peak_allocated_gb")),
             }
@@ -511,6 +513,10 @@ def print_table(record: dict) -> None:
             rows.append((label, _fmt(dense.get(metric, {}).get("median_ms"), ".3f"),
                          _fmt(wide.get(metric, {}).get("median_ms"), ".3f"), _fmt(ratios.get("time"), ".2f", "x"),
                          bound, _fmt(wide.get("skip_rates", {}).get("mean"), ".3f")) + extra)
+            if kind == "prefill":
+                rows.append(("  one request from idle, ms", _fmt(dense.get("ttft_cold", {}).get("median_ms"), ".3f"),
+                             _fmt(wide.get("ttft_cold", {}).get("median_ms"), ".3f"),
+                             _fmt(ratios.get("cold_time"), ".2f", "x"), "", "") + ("", "") * active)
             rows.append(("  first call s / peak GB",
                          f"{_fmt(dense.get('first_call_s'), '.1f')} / {_fmt(dense.get('peak_allocated_gb'), '.1f')}",
                          f"{_fmt(wide.get('first_call_s'), '.1f')} / {_fmt(wide.get('peak_allocated_gb'), '.1f')}",

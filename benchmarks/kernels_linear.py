@@ -339,16 +339,14 @@ def tma_sweeps(ms: tuple = (4096, 16384), wide: bool = True) -> list:
 
 
 def gate_up_tile_sweeps(ms: tuple = (4096,)) -> list:
-    """The prefill gate/up GEMM at its TMA default (128 x 128 tiles, 8 warps, 4 stages) against Triton's automatic
-    warp specialisation of the K loop (``WARP_SPECIALIZE``) and the persistent kernel (``PERSISTENT``: one program
-    per SM over the active tiles, tile and K loops flattened or not, 3 / 4 stages, 64-column tiles, pointer weight
-    loads) (``kernels_linear_sweep_gate_up_persistent.json``; stop 14's ``kernels_linear_sweep_gate_up_tiles.json``
-    compared tile shapes and ``GROUP_N``)."""
+    """The prefill gate/up GEMM at its TMA default (128 x 128 tiles, 8 warps, 4 stages) against tiles of 256 tokens
+    by 64 columns (each accumulator 256 x 64: the A tile read once per 128 MMA columns, as in cuBLAS's 256 x 128) and
+    the program order's group width ``GROUP_N``, and Triton's automatic warp specialisation of the K loop
+    (``WARP_SPECIALIZE``; stop 14's run had no such rows) (``kernels_linear_sweep_gate_up_tiles.json``)."""
     base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True)
-    persistent = dict(base, PERSISTENT=True)
+    wide_m = dict(base, BLOCK_M=256, BLOCK_N=64)
     configs = [base, dict(base, WARP_SPECIALIZE=True), dict(base, WARP_SPECIALIZE=True, num_stages=3),
-               persistent, dict(persistent, num_stages=3), dict(persistent, FLATTEN=False),
-               dict(persistent, BLOCK_N=64), dict(persistent, num_stages=3, TMA=False)]
+               dict(base, GROUP_N=16), wide_m, dict(base, BLOCK_N=64, num_stages=5)]
     return [("gate_up", m, "rand50", configs) for m in ms]
 
 
@@ -469,9 +467,8 @@ def main() -> None:
                     "64-1024 tokens instead (kernels_linear_sweep_moderate.json)")
     ap.add_argument("--sweep-moderate-gemv", action="store_true", help="time the output-group GEMV kernel against "
                     "the GEMM at 32-256 tokens instead (kernels_linear_sweep_moderate_gemv.json)")
-    ap.add_argument("--sweep-gate-up-tiles", action="store_true", help="time the prefill gate/up GEMM's warp "
-                    "specialisation and persistent variants instead (kernels_linear_sweep_gate_up_persistent.json; "
-                    "--ms: token counts)")
+    ap.add_argument("--sweep-gate-up-tiles", action="store_true", help="time the prefill gate/up GEMM's tile shapes "
+                    "and program order instead (kernels_linear_sweep_gate_up_tiles.json; --ms: token counts)")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -492,7 +489,7 @@ def main() -> None:
                             else tma_sweeps(), "kernels_linear_sweep_tma.json"),
               "sweep_gate_up_tiles": (lambda: gate_up_tile_sweeps(tuple(int(v) for v in args.ms.split(","))
                                                           if args.ms else (4096,)),
-                                      "kernels_linear_sweep_gate_up_persistent.json"),
+                                      "kernels_linear_sweep_gate_up_tiles.json"),
               "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
               "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}

@@ -18,18 +18,12 @@ places. An explicit ``config={"TMA": True}`` on weights TMA cannot take raises.
 ``WARP_SPECIALIZE`` (config key, off by default; not yet measured): the K loop as ``tl.range(...,
 warp_specialize=True)``, Triton's automatic warp specialisation (producer warps for the loads, consumer warps for the
 MMAs), for the sweep ``benchmarks/kernels_linear.py --sweep-gate-up-tiles``.
-
-``PERSISTENT`` (config key, off by default; not yet measured): the same product as a persistent kernel
-(``gemm_gated_up_persistent``), ``PROGRAMS_PER_SM`` programs per SM (default 1), ``FLATTEN`` (default on) pipelining
-across tiles.
 """
 from __future__ import annotations
 
 import torch
 
-from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2,
-                            output_group_tile, sm_count)
-from .gemm_gated_up_persistent import _gated_up_gemm_persistent_kernel
+from ._triton_utils import ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2, output_group_tile
 from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
 
@@ -120,9 +114,6 @@ def gated_up_gemm(
     grid = (cdiv(num_tokens, block_m) * (n_dim // group_size) * tiles_per_group,)
     tma = use_tma("gated_up_gemm", cfg, config, w_gate, w_up)
     descs = weight_descriptors((w_gate, w_up), block_n, block_k) if tma else (w_gate, w_up)
-    if cfg.get("PERSISTENT", False):
-        _launch_persistent(x, w_gate, w_up, h, group_tokens, group_counts, descs, group_size, activation, cfg, tma)
-        return h
     _gated_up_gemm_kernel[grid](
         x, w_gate, w_up, h, group_tokens, group_counts, *descs,
         num_tokens, n_dim, k_dim,
@@ -143,38 +134,3 @@ def gated_up_gemm(
         num_stages=cfg["num_stages"],
     )
     return h
-
-
-def persistent_programs(x: torch.Tensor, num_tiles: int, cfg: dict) -> int:
-    """Programs of the persistent kernel: ``PROGRAMS_PER_SM`` per SM (3 in the interpreter, so that programs take
-    several tiles each), never more than there are tiles."""
-    per_device = 3 if x.device.type != "cuda" else sm_count(x.device) * int(cfg.get("PROGRAMS_PER_SM", 1))
-    return max(1, min(per_device, num_tiles))
-
-
-def _launch_persistent(x, w_gate, w_up, h, group_tokens, group_counts, descs, group_size, activation, cfg, tma):
-    num_tokens, k_dim = x.shape
-    n_dim = w_gate.shape[0]
-    num_groups = n_dim // group_size
-    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    tiles_per_group = cdiv(group_size, block_n)
-    programs = persistent_programs(x, cdiv(num_tokens, block_m) * num_groups * tiles_per_group, cfg)
-    _gated_up_gemm_persistent_kernel[(programs,)](
-        x, w_gate, w_up, h, group_tokens, group_counts, *descs,
-        num_tokens, n_dim, k_dim, num_groups, programs,
-        GROUP_SIZE=group_size,
-        TILES_PER_GROUP=tiles_per_group,
-        BLOCK_G=next_pow2(num_groups),
-        ACTIVATION=ACTIVATION_CODES[activation],
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        EVEN_K=k_dim % block_k == 0,
-        EVEN_N=group_size % block_n == 0,
-        UPCAST=interpreting(),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        USE_TMA=tma,
-        FLATTEN=bool(cfg.get("FLATTEN", True)),
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )

@@ -9,11 +9,15 @@ Replaces ``x.to(fp32)`` + ``wide::router_logits`` (two GEMVs) + ``wide::threshol
 Programs: a 2-D grid of (``BLOCK_M`` token tile) x (``SPLIT`` slices of H). Each program accumulates its slice of
 ``h[BLOCK_M, R]`` in fp32, so decisions equal the fp32 reference except on near-ties, in one of two ways:
 - ``W_SPLIT3`` (bf16 / fp16 ``x``, more than ``DECODE_TOKENS`` tokens): each fp32 ``W_in`` tile is split in registers
-  into three parts in ``x``'s dtype, ``W = hi + mid + lo``, and ``x`` (read as it is) is multiplied with each on the
-  tensor cores, fp32 accumulate. For bf16 the split is exact (3 x 8 significand bits >= fp32's 24, same exponent
-  range) and every product of two 8-bit significands is exact in fp32: the sum differs from an fp32 GEMM only in
-  its order. (fp16 parts lose what falls below fp16's subnormals, < 2^-25 per weight.) An fp32 FMA GEMM
-  (``ieee``) ran at about 5 TFLOP/s here: 198 us per router at 4096 tokens on the H200.
+  into parts in ``x``'s dtype, ``W = hi + mid (+ lo)``, and ``x`` (read as it is) is multiplied with each on the
+  tensor cores, fp32 accumulate. With three parts (``W_PARTS=3``) and bf16 the split is exact (3 x 8 significand
+  bits >= fp32's 24, same exponent range) and every product of two 8-bit significands is exact in fp32: the sum
+  differs from an fp32 GEMM only in its order. The default is two parts (16 of W_in's 24 significand bits in bf16,
+  22 in fp16; a relative weight error below 2^-16): on the H200 one tensor-core product fewer per K step took 15-20%
+  off the launch (H=4096, 4096 tokens: 24.6 -> 20.9 µs for 112 groups, 21.9 -> 17.7 µs for 8; H=576: 9.8 -> 8.0 µs)
+  and changed at most 9e-6 of the decisions at H=4096 (8e-5 at H=576, G=3), all near-ties
+  (``benchmarks/results/kernels_router_sweep_parts.json``). An fp32 FMA GEMM (``ieee``) ran at about 5 TFLOP/s here:
+  198 us per router at 4096 tokens on the H200.
 - otherwise (fp32 ``x``, decode) fp32 ``tl.dot`` with ``input_precision="ieee"`` (no TF32).
  With ``SPLIT > 1`` (decode: M <= 16 reads all of W_in, 512 KB at H=4096, R=32, which one
 program would read latency-bound) every program stores its partial in a workspace and increments the tile's arrival
@@ -194,8 +198,8 @@ def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, dev
 
 
 def _w_parts(parts: int) -> int:
-    """Parts of the ``W_SPLIT3`` split multiplied: 3 (fp32-exact products, the default) or 2 (``hi + mid``: 16 of
-    W_in's 24 significand bits, one tensor-core product fewer per K step; a sweep option, not measured yet)."""
+    """Parts of the ``W_SPLIT3`` split multiplied: 2 (``hi + mid``, the default: one tensor-core product fewer per K
+    step) or 3 (fp32-exact products); see the module docstring for the measurements."""
     if parts not in (2, 3):
         raise ValueError(f"router_mask: W_PARTS must be 2 or 3, got {parts!r}")
     return parts
@@ -276,7 +280,7 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         BLOCK_G=cfg["BLOCK_G"],
         EVEN_K=hidden % (block_k * split) == 0,
         W_SPLIT3=_split_weights(x2, num_tokens, cfg.get("W_SPLIT3")),
-        W_PARTS=_w_parts(cfg.get("W_PARTS", 3)),
+        W_PARTS=_w_parts(cfg.get("W_PARTS", 2)),
         LOGIT_DIFF=bool(cfg.get("LOGIT_DIFF", EPILOGUE["LOGIT_DIFF"])),
         EPILOGUE_PRECISION=_epilogue_precision(cfg.get("EPILOGUE_PRECISION", EPILOGUE["EPILOGUE_PRECISION"])),
         num_warps=cfg["num_warps"],

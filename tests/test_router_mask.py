@@ -114,16 +114,16 @@ def test_template_all_execute_and_all_skip(rm, bias, m, split):
 
 @pytest.mark.parametrize("m, split", [(1, 2), (17, 1), (40, 3)])
 def test_template_split_weights_on_tensor_cores(rm, m, split):
-    """``W_SPLIT3`` (W_in split into three fp16 parts, 16-bit dots, fp32 accumulate) forced on and off for fp16 x:
-    both equal the fp32 reference except on near-ties; it is the automatic choice above ``DECODE_TOKENS`` only."""
+    """``W_SPLIT3`` (W_in split into two fp16 parts by default, or three; 16-bit dots, fp32 accumulate) forced on and
+    off for fp16 x: both equal the fp32 reference except on near-ties; it is the automatic choice above ``DECODE_TOKENS`` only."""
     x = tokens((m, 200), torch.float16, seed=m)
     weights = router_weights(200, 20, 40, seed=m)
     for choice in (True, False):
         out = torch.full((m, 40), float("nan"))
         assert_decisions_match(rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": choice}, out=out),
                                x, *weights)
-    out = torch.full((m, 40), float("nan"))  # two parts of the split (hi + mid): near-ties only, too
-    assert_decisions_match(rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": True, "W_PARTS": 2},
+    out = torch.full((m, 40), float("nan"))  # three parts of the split (exact products): near-ties only, too
+    assert_decisions_match(rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": True, "W_PARTS": 3},
                                           out=out), x, *weights)
     with pytest.raises(ValueError, match="W_PARTS must be 2 or 3"):
         rm.router_mask(x, *weights, config={"W_PARTS": 1})

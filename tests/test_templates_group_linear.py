@@ -19,8 +19,6 @@ _KERNEL_MODULES = (
     "wide_compile.templates.group_plan",
     "wide_compile.templates.group_gemm_tiles",
     "wide_compile.templates.gemm_output_groups",
-    "wide_compile.templates.group_tile_schedule",
-    "wide_compile.templates.gemm_gated_up_persistent",
     "wide_compile.templates.gemm_gated_up",
     "wide_compile.templates.gemm_input_groups",
     "wide_compile.templates.gemv_decode",
@@ -201,33 +199,6 @@ def test_group_gemms_with_warp_specialized_k_loop(k):
     _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
     y = lin.output_group_linear(x, wg, mask, gs, None, path="gemm", config=cfg, out=_poisoned((m, n), dtype))
     _check(y, ref.output_group_linear_reference(x, wg, mask, gs, None), dtype, mask, gs)
-
-
-@pytest.mark.parametrize("kind", MASKS)
-@pytest.mark.parametrize("m, gs, block_n", [(37, 48, 32), (70, 32, 32), (5, 64, 64)])
-def test_persistent_gated_up_gemm(k, kind, m, gs, block_n):
-    """``config={"PERSISTENT": True}``: three programs walk the active tiles (group-major, the tile and K loops
-    flattened), then the zero-only ones; ragged M and K, groups of one or two output tiles, every mask kind."""
-    gen = torch.Generator().manual_seed(m + gs)
-    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
-    d, n = 80, 4 * gs
-    x = torch.randn(m, d, generator=gen).to(dtype)
-    wg, wu = ((torch.randn(n, d, generator=gen) / 9).to(dtype) for _ in range(2))
-    mask = _mask(kind, m, n // gs, gen)
-    cfg = {"PERSISTENT": True, "BLOCK_M": 16, "BLOCK_N": block_n, "TMA": True}
-    h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
-    _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
-    cfg["FLATTEN"] = False
-    h = lin.gated_up_groups(x, wg, wu, mask, gs, "gelu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
-    _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "gelu"), dtype, mask, gs)
-
-
-def test_persistent_programs_never_exceed_the_tiles(k):
-    gemm = k["gemm_gated_up"]
-    x = torch.empty(4, 8)
-    assert gemm.persistent_programs(x, 100, {}) == 3
-    assert gemm.persistent_programs(x, 2, {}) == 2
-    assert gemm.persistent_programs(x, 0, {}) == 1
 
 
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):

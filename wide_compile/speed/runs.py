@@ -66,7 +66,11 @@ class DecodeRun:
 def time_prefill(run: PrefillRun, clock: Clock, runs: int, steady: Callable[[], ContextManager] = nullcontext) -> dict:
     """Time to first token: median of ``runs`` prefills (after a first call, which compiles, and a second, which
     records CUDA graphs under ``reduce-overhead``). ``steady()`` is entered around the timed calls only (e.g.
-    ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, once this shape is compiled)."""
+    ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, once this shape is compiled).
+
+    ``ttft`` is each call between two device events, issued back to back (the host may run ahead of the device);
+    ``ttft_cold`` is the wall-clock time of one call from an idle device to its last kernel (host work before the
+    launch included): what a single request waits for."""
     run.rewind()
     first_s = clock.wall(run.call)
     run.rewind()
@@ -75,8 +79,12 @@ def time_prefill(run: PrefillRun, clock: Clock, runs: int, steady: Callable[[], 
     run.call()
     with steady():
         times = clock.each(run.call, runs, before=run.rewind)
-    return {"ttft": summary(times), "first_call_s": first_s, "second_call_s": second_s, "prompt": run.length,
-            "cache_slots": run.slots, "cache_gb": cache_bytes(run.cache) / 2**30}
+        cold = []
+        for _ in range(runs):
+            run.rewind()
+            cold.append(clock.wall(run.call) * 1e3)
+    return {"ttft": summary(times), "ttft_cold": summary(cold), "first_call_s": first_s, "second_call_s": second_s,
+            "prompt": run.length, "cache_slots": run.slots, "cache_gb": cache_bytes(run.cache) / 2**30}
 
 
 def time_decode(run: DecodeRun, clock: Clock, steady: Callable[[], ContextManager] = nullcontext) -> dict:
