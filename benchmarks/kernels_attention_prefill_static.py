@@ -6,9 +6,10 @@ queries and output token-major (``[B, T, H, D]`` memory seen as ``[B, H, T, D]``
 Until stop 14 the launch configuration was chosen from ``max(T, S)``, so at T = 4096 the e2e prefill took the
 128-row tiles of longer sequences while the isolated causal benchmark (``kernels_attention.py``, S = T) took 64-row
 tiles; with a mask it is now chosen from T (``attention_prefill.prefill_config``). This
-times every configuration of ``attention_prefill.SWEEP_CONFIGS`` on that layout (Llama-3-8B attention shapes, 50%
+times every configuration of ``attention_prefill.SWEEP_CONFIGS`` and ``PACKED_SWEEP_CONFIGS`` (query heads of a group
+packed into one tile) on that layout (Llama-3-8B attention shapes, 50%
 random head-group masks), checks each against the default's output, and writes
-``<out_dir>/kernels_attention_prefill_static.json``.
+``<out_dir>/kernels_attention_prefill_static.json`` (``--name``: another file name).
 
 Usage: ``python benchmarks/kernels_attention_prefill_static.py [--out-dir DIR] [--lengths 1024,4096,16384]``
 """
@@ -28,7 +29,9 @@ from kernels_attention import HKV, HQ, D, DTYPE, graph_time_per_call, random_mas
 
 from wide_compile.templates.attention_checks import check_attention_inputs  # noqa: E402
 from wide_compile.templates.attention_mask_extents import attn_mask_extents  # noqa: E402
-from wide_compile.templates.attention_prefill import SWEEP_CONFIGS, launch_prefill, prefill_config  # noqa: E402
+from wide_compile.templates.attention_prefill import (  # noqa: E402
+    PACKED_SWEEP_CONFIGS, SWEEP_CONFIGS, launch_prefill, prefill_config,
+)
 
 EXTRA_SLOTS = 64
 
@@ -52,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--lengths", default="1024,4096,16384")
+    parser.add_argument("--name", default="kernels_attention_prefill_static.json", help="result file in --out-dir")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -62,7 +66,8 @@ def main() -> None:
         q0, k0, v0, _ = sets[0]
         dims = check_attention_inputs(q0, k0, v0, head_mask, False, None, mask, ext)
         default = prefill_config(q_len, q_len + EXTRA_SLOTS, D, masked=True)
-        configs = [default] + [dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), c)) for c in SWEEP_CONFIGS]
+        keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "H_PACK")
+        configs = [default] + [dict(zip(keys, c)) for c in SWEEP_CONFIGS + PACKED_SWEEP_CONFIGS]
 
         def call(s, cfg):
             q, k, v, out = s
@@ -86,7 +91,7 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     result = {"command": "python3 benchmarks/kernels_attention_prefill_static.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "versions": versions(), "rows": rows}
-    with open(os.path.join(args.out_dir, "kernels_attention_prefill_static.json"), "w") as f:
+    with open(os.path.join(args.out_dir, args.name), "w") as f:
         json.dump(result, f, indent=1)
 
 

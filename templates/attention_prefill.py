@@ -172,16 +172,20 @@ def _prefill_kernel(
     num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
     TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    H_PACK: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # largest positions first
     bh = tl.program_id(1)
-    b = bh // num_q_heads
-    h = bh % num_q_heads
-    g = h // heads_per_group
-    kvh = h // q_per_kv
+    b = bh // (num_q_heads // H_PACK)
+    h0 = (bh % (num_q_heads // H_PACK)) * H_PACK  # the first of the H_PACK query heads packed into this tile
+    g = h0 // heads_per_group
+    kvh = h0 // q_per_kv
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # The tile's rows: H_PACK heads x BLOCK_M compacted positions (head-major); the heads share rows, mask and K/V.
+    offs_p = tl.arange(0, H_PACK * BLOCK_M)
+    h = h0 + offs_p // BLOCK_M
+    offs_m = pid_m * BLOCK_M + offs_p % BLOCK_M
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
@@ -189,7 +193,8 @@ def _prefill_kernel(
     order_base = ORDER + (b * num_groups + g).to(tl.int64) * q_len
     count = tl.load(COUNT + b * num_groups + g)
     rows = tl.load(order_base + offs_m, mask=in_range, other=0)  # original token index of each compacted row
-    o_ptrs = O + b.to(tl.int64) * stride_ob + h * stride_oh + rows[:, None].to(tl.int64) * stride_ot + offs_d[None, :]
+    o_ptrs = O + b.to(tl.int64) * stride_ob + h[:, None] * stride_oh + rows[:, None].to(tl.int64) * stride_ot \
+        + offs_d[None, :]
     store_mask = in_range[:, None] & dmask[None, :]
 
     tile_start = pid_m * BLOCK_M
@@ -197,7 +202,7 @@ def _prefill_kernel(
         # Every row of this tile is inactive for this group: write zeros, read nothing else (the mask-tile pass of an
         # explicit mask leaves them to the first pass).
         if not TILE_MASK:
-            tl.store(o_ptrs, tl.zeros([BLOCK_M, BLOCK_D], dtype=O.dtype.element_ty), mask=store_mask)
+            tl.store(o_ptrs, tl.zeros([H_PACK * BLOCK_M, BLOCK_D], dtype=O.dtype.element_ty), mask=store_mask)
     else:
         row_on = offs_m < count
         offset = kv_len - q_len
@@ -208,14 +213,14 @@ def _prefill_kernel(
             contiguous = tl.min(tl.load(ext + 2, mask=row_on, other=1), 0) != 0
             mine = contiguous != TILE_MASK
         if mine:
-            q_ptrs = Q + b.to(tl.int64) * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_qt \
+            q_ptrs = Q + b.to(tl.int64) * stride_qb + h[:, None] * stride_qh + rows[:, None].to(tl.int64) * stride_qt \
                 + offs_d[None, :]
             q = tl.load(q_ptrs, mask=store_mask, other=0.0)
             k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
             v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
-            m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            m_i = tl.zeros([H_PACK * BLOCK_M], dtype=tl.float32) - float("inf")
+            l_i = tl.zeros([H_PACK * BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([H_PACK * BLOCK_M, BLOCK_D], dtype=tl.float32)
             if HAS_AMASK:
                 first = tl.load(ext, mask=row_on, other=kv_len)
                 last = tl.load(ext + 1, mask=row_on, other=-1)
@@ -275,11 +280,14 @@ def _attend_plain(
 # (benchmarks/attention_aot_report.py, D=128 bf16): 128x64 tiles with 4 warps spill (255 regs), so BLOCK_M=128 tiles
 # use 8 warps (two warpgroups).
 _PREFILL_CONFIGS = (
-    # (max(T, S) up to, BLOCK_M, BLOCK_N, num_warps, num_stages)
-    (4096, 64, 64, 4, 3),
-    (1 << 62, 128, 64, 8, 3),
+    # (max(T, S) up to, BLOCK_M, BLOCK_N, num_warps, num_stages, H_PACK)
+    (4096, 64, 64, 4, 3, 1),
+    (1 << 62, 128, 64, 8, 3, 1),
 )
 SWEEP_CONFIGS = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4))
+# Query heads packed into one tile (``H_PACK``, the last entry): H_PACK x BLOCK_M rows per program.
+PACKED_SWEEP_CONFIGS = ((64, 64, 8, 3, 2), (64, 64, 8, 4, 2), (64, 128, 8, 2, 2), (32, 64, 8, 3, 4),
+                        (32, 64, 4, 3, 2), (32, 128, 8, 2, 4), (128, 64, 8, 3, 2))
 
 _SMEM_LIMIT = 227 * 1024
 
@@ -302,17 +310,35 @@ def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2, m
     if interpreting():
         return dict(_INTERPRET_META)
     length = q_len if masked else max(q_len, kv_len)
-    for max_len, block_m, block_n, warps, stages in _PREFILL_CONFIGS:
+    for max_len, block_m, block_n, warps, stages, pack in _PREFILL_CONFIGS:
         if length <= max_len:
             break
     block_d = max(16, triton.next_power_of_2(head_dim))
     if block_d * elem_size > 256:  # wide fp32/bf16 rows: smaller query tile, accumulator of 64 rows
-        block_m, warps = 64, 4
-    while block_n > 32 and block_m * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
+        block_m, warps, pack = 64, 4, 1
+    rows = pack * block_m
+    while block_n > 32 and rows * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
         block_n //= 2
-    while stages > 2 and block_m * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
+    while stages > 2 and rows * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
         stages -= 1
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "H_PACK": pack}
+
+
+def head_pack(cfg: dict, dims: AttentionDims, explicit: bool) -> int:
+    """Query heads per tile (``H_PACK``): a power of two dividing both the heads of one mask group and the query heads
+    of one KV head, so that the packed heads share their active rows and their K/V. A default the shape does not allow
+    falls back to the largest that fits; an explicit one raises."""
+    pack = int(cfg.get("H_PACK", 1))
+    if pack < 1 or pack & (pack - 1):
+        raise ValueError(f"group_attention_prefill: H_PACK must be a power of two >= 1, got {pack}")
+    fits = lambda p: dims.heads_per_group % p == 0 and dims.q_per_kv % p == 0  # noqa: E731
+    if not fits(pack):
+        if explicit:
+            raise ValueError(f"group_attention_prefill: H_PACK={pack} must divide the {dims.heads_per_group} query "
+                             f"heads of a group and the {dims.q_per_kv} query heads of a KV head")
+        while not fits(pack):
+            pack //= 2
+    return pack
 
 
 def launch_prefill(
@@ -322,7 +348,8 @@ def launch_prefill(
 ) -> None:
     """Run the prefill kernel into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
-    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) overrides :func:`prefill_config`;
+    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``H_PACK``) overrides
+    :func:`prefill_config`;
     ``attn_mask``: the checked boolean mask (see ``attention_checks.expand_attn_mask``); ``attn_mask_extents``: its
     row extents if already computed (``attention_mask_extents.attn_mask_extents``), else they are computed here.
     """
@@ -357,8 +384,9 @@ def launch_prefill(
     )
     meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "HAS_AMASK": amask is not None,
             "INPUT_PRECISION": precision}
-    cfg = config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size(), amask is not None)
-    grid = (triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads)
+    cfg = dict(config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size(), amask is not None))
+    cfg["H_PACK"] = head_pack(cfg, dims, explicit=config is not None and "H_PACK" in config)
+    grid = (triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads // cfg["H_PACK"])
     _prefill_kernel[grid](*args, **meta, TILE_MASK=False, **cfg)
     if amask is not None:  # tiles with a row that is not one contiguous key range (its programs exit at once otherwise)
         _prefill_kernel[grid](*args, **meta, TILE_MASK=True, **cfg)

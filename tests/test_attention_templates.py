@@ -30,6 +30,7 @@ from wide_compile.templates.attention_reference import group_attention_reference
 _KERNEL_MODULES = ("attention_block", "attention_compact", "attention_mask_extents", "attention_prefill", "attention_decode",
                    "attention")
 group_attention = group_attention_prefill = group_attention_decode = attention_compact = attention_mask_extents = None
+attention_prefill = None
 
 
 def _interpreted_kernel_modules() -> dict:
@@ -50,7 +51,9 @@ def _interpreted_kernel_modules() -> dict:
 def interpreted_kernels():
     """Bind the module-level kernel entry points to interpreter-decorated kernels for this module's tests."""
     global group_attention, group_attention_prefill, group_attention_decode, attention_compact, attention_mask_extents
+    global attention_prefill
     mods = _interpreted_kernel_modules()
+    attention_prefill = mods["attention_prefill"]
     attention_compact = mods["attention_compact"]
     attention_mask_extents = mods["attention_mask_extents"]
     group_attention_prefill = mods["attention_prefill"].group_attention_prefill
@@ -412,8 +415,53 @@ def test_prefill_launch_config_follows_the_prompt_with_an_explicit_mask(monkeypa
     never visited): a 4096-token prompt in 4160 slots takes the 64 x 64 tiles measured faster there."""
     prefill = sys.modules["wide_compile.templates.attention_prefill"]
     monkeypatch.setattr(prefill, "interpreting", lambda: False)
-    small = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    small = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "H_PACK": 1}
     assert prefill.prefill_config(4096, 4160, 128, 2, masked=True) == small
     assert prefill.prefill_config(4096, 4160, 128, 2)["BLOCK_M"] == 128
     assert prefill.prefill_config(16384, 16448, 128, 2, masked=True)["BLOCK_M"] == 128
     assert prefill.prefill_config(1024, 1024, 128, 2) == small
+
+
+PACKED_CASES = [
+    # batch, Hq, Hkv, G, T, S, D, dtype, head-mask kind, attention-mask kind (None: causal), H_PACK
+    (2, 8, 2, 2, 70, 70, 32, torch.float32, "random", None, 4),
+    (1, 8, 2, 4, 37, 37, 16, torch.float16, "clustered", None, 2),
+    (2, 8, 2, 2, 37, 130, 32, torch.float32, "random", "static_cache", 2),
+    (1, 8, 2, 2, 40, 70, 16, torch.float16, "random", "random_per_head", 4),
+    (2, 8, 4, 4, 70, 100, 32, torch.float32, "none", "holes_in_later_rows", 2),
+    (2, 8, 4, 4, 70, 100, 32, torch.float32, "random", "holes_in_later_rows", 2),
+]
+
+
+@pytest.mark.parametrize("batch,hq,hkv,groups,q_len,kv_len,head_dim,dtype,mask_kind,amask_kind,pack", PACKED_CASES)
+def test_prefill_with_packed_query_heads(batch, hq, hkv, groups, q_len, kv_len, head_dim, dtype, mask_kind,
+                                         amask_kind, pack):
+    """``H_PACK`` query heads of one group (and one KV head) in one tile: they share the active rows and each K/V
+    block; causal and explicit masks (per-head masks too), both passes of the explicit-mask kernel."""
+    from wide_compile.templates.attention_checks import check_attention_inputs
+
+    gen = torch.Generator().manual_seed(q_len * 7 + pack)
+    q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, dtype, gen)
+    head_mask = make_mask(mask_kind, batch, q_len, groups, gen)
+    amask = None if amask_kind is None else attn_mask_of(amask_kind, batch, hq, q_len, kv_len, gen)
+    causal = amask is None
+    dims = check_attention_inputs(q, k, v, head_mask, causal, None, amask, None)
+    out = poisoned(batch, hq, q_len, head_dim, dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "H_PACK": pack}
+    attention_prefill.launch_prefill(q, k, v, head_mask, out, dims, causal, cfg, attn_mask=amask)
+    ref = group_attention_reference(q, k, v, head_mask, causal=causal, attn_mask=amask)
+    assert_matches(out, ref, head_mask, dtype)
+
+
+def test_head_packing_checks_the_shape():
+    from wide_compile.templates.attention_checks import check_attention_inputs
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = make_inputs(1, 8, 4, 9, 9, 16, torch.float32, gen)  # 2 query heads per KV head, 4 per group
+    dims = check_attention_inputs(q, k, v, make_mask("random", 1, 9, 2, gen), True, None, None, None)
+    assert attention_prefill.head_pack({"H_PACK": 4}, dims, explicit=False) == 2
+    assert attention_prefill.head_pack({}, dims, explicit=False) == 1
+    with pytest.raises(ValueError, match="H_PACK=4 must divide"):
+        attention_prefill.head_pack({"H_PACK": 4}, dims, explicit=True)
+    with pytest.raises(ValueError, match="power of two"):
+        attention_prefill.head_pack({"H_PACK": 3}, dims, explicit=True)

@@ -142,3 +142,21 @@ def test_static_cache_boolean_mask(batch, q_len, slots, start, mask_kind):
     out = torch.full_like(q, float("nan"))
     group_attention(q, k, v, mask, causal=False, out=out, attn_mask=amask)
     _check(out, group_attention_reference(q, k, v, mask, causal=False, attn_mask=amask), mask, torch.bfloat16)
+
+
+@pytest.mark.parametrize("cfg", [(64, 64, 8, 3, 2), (32, 64, 8, 3, 4), (32, 64, 4, 3, 2), (64, 128, 8, 2, 2),
+                                 (128, 64, 8, 3, 2)])
+@pytest.mark.parametrize("q_len, slots, mask_kind", [(4096, 4160, "random"), (1000, 1088, "all"), (999, 999, "none")])
+def test_prefill_with_packed_query_heads(cfg, q_len, slots, mask_kind):
+    """Query heads of one group packed into one tile (``H_PACK``), on the static cache's explicit mask and causal."""
+    from wide_compile.templates.attention_checks import check_attention_inputs
+    from wide_compile.templates.attention_prefill import launch_prefill
+
+    config = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "H_PACK"), cfg))
+    q, k, v, mask = _inputs(1, q_len, slots, torch.bfloat16, mask_kind, seed=q_len + cfg[-1])
+    amask = _static_cache_mask(1, q_len, slots, 0) if slots != q_len else None
+    dims = check_attention_inputs(q, k, v, mask, amask is None, None, amask, None)
+    out = torch.full_like(q, float("nan"))
+    launch_prefill(q, k, v, mask, out, dims, amask is None, config, attn_mask=amask)
+    ref = group_attention_reference(q, k, v, mask, causal=amask is None, attn_mask=amask)
+    _check(out, ref, mask, torch.bfloat16)
