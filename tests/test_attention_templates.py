@@ -412,14 +412,42 @@ def test_prefill_mask_broadcast_over_keys_and_queries():
 
 def test_prefill_launch_config_follows_the_prompt_with_an_explicit_mask(monkeypatch):
     """The GPU launch rule: tiles by max(T, S) without a mask, by T with one (a static cache's unfilled slots are
-    never visited): a 4096-token prompt in 4160 slots takes the 64 x 64 tiles measured faster there."""
+    never visited): a 4096-token prompt in 4160 slots takes the tiles measured faster there (2 packed heads x 32
+    rows); longer prompts 4 heads x 32 rows with 8 warps; wide fp32 heads no packing."""
     prefill = sys.modules["wide_compile.templates.attention_prefill"]
     monkeypatch.setattr(prefill, "interpreting", lambda: False)
-    small = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "H_PACK": 1}
+    small = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "H_PACK": 2}
     assert prefill.prefill_config(4096, 4160, 128, 2, masked=True) == small
-    assert prefill.prefill_config(4096, 4160, 128, 2)["BLOCK_M"] == 128
-    assert prefill.prefill_config(16384, 16448, 128, 2, masked=True)["BLOCK_M"] == 128
+    assert prefill.prefill_config(4096, 4160, 128, 2)["num_warps"] == 8
+    assert prefill.prefill_config(16384, 16448, 128, 2, masked=True)["H_PACK"] == 4
     assert prefill.prefill_config(1024, 1024, 128, 2) == small
+    assert prefill.prefill_config(1024, 1024, 128, 4)["H_PACK"] == 1
+
+
+def test_default_packing_falls_back_to_taller_tiles(monkeypatch):
+    """SmolLM2's 3 query heads per KV head allow no packing: the default's 2 x 32 rows become one head x 64 rows
+    (what the kernel ran before packing); the output still matches the reference."""
+    prefill = sys.modules["wide_compile.templates.attention_prefill"]
+    launched = []
+    real = prefill._prefill_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                launched.append((grid, meta["BLOCK_M"], meta["H_PACK"]))
+                return real[grid](*args, **meta)
+            return run
+
+    monkeypatch.setattr(prefill, "_prefill_kernel", Spy())
+    monkeypatch.setattr(prefill, "prefill_config",
+                        lambda *a, **k: {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "H_PACK": 2})
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = make_inputs(1, 6, 2, 20, 20, 16, torch.float32, gen)  # 3 query heads per KV head and per group
+    head_mask = make_mask("random", 1, 20, 2, gen)
+    out = poisoned(1, 6, 20, 16, torch.float32)
+    group_attention_prefill(q, k, v, head_mask, causal=True, out=out)
+    assert launched == [((1, 6), 32, 1)]
+    assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=True), head_mask, torch.float32)
 
 
 PACKED_CASES = [
