@@ -381,6 +381,15 @@ def moderate_gemv_sweeps() -> list:
     return sweeps
 
 
+def gated_decode_sweeps() -> list:
+    """The fused gate/up GEMV at 1-16 tokens (its default: 64-row tiles, no split of K, 4 stages; at 50% one token
+    leaves about 112 active programs for 132 SMs) against splitting K and narrower tiles
+    (``kernels_linear_sweep_gated_decode.json``)."""
+    configs = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=128, SPLIT=sp, num_warps=4, num_stages=st)
+               for bn, sp, st in ((64, 1, 4), (64, 2, 4), (64, 4, 4), (32, 1, 4), (32, 2, 4), (32, 4, 4), (64, 2, 3))]
+    return [("gate_up", m, "rand50", configs) for m in (1, 4, 16)]
+
+
 def run_sweep(gen: torch.Generator, sweeps: list | None = None) -> list:
     out = []
     for op, m, mname, configs in SWEEPS if sweeps is None else sweeps:
@@ -469,6 +478,8 @@ def main() -> None:
                     "the GEMM at 32-256 tokens instead (kernels_linear_sweep_moderate_gemv.json)")
     ap.add_argument("--sweep-gate-up-tiles", action="store_true", help="time the prefill gate/up GEMM's tile shapes "
                     "and program order instead (kernels_linear_sweep_gate_up_tiles.json; --ms: token counts)")
+    ap.add_argument("--sweep-gated-decode", action="store_true", help="time the fused gate/up GEMV's tiles and K "
+                    "splits at 1-16 tokens instead (kernels_linear_sweep_gated_decode.json)")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -492,6 +503,7 @@ def main() -> None:
                                       "kernels_linear_sweep_gate_up_tiles.json"),
               "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
               "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
+              "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:
