@@ -265,16 +265,14 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
     ``benchmarks/results/kernels_qkv_sweep.json``, 12.7 vs 15.1 µs at one token and 16.5 vs 20.2 µs at four).
     Over 16 tokens (``benchmarks/results/kernels_linear_sweep_moderate_gemv.json``) the query projection splits K in
     2 (32 / 64 / 128 tokens: 12.7 / 13.8 / 17.2 µs, against 13.2 / 18.0 / 26.5 with 4) and the gated form runs 3
-    stages (32 tokens: 61.5 µs). The gated form at one token takes 32-row tiles: at 50% a token leaves about 112
-    active 64-row programs for 132 SMs (``kernels_linear_sweep_gated_decode.json``, Llama-3-8B gate/up: 64 rows 47.3 µs,
-    32 rows 41.2, splits of K 44.4-46.0; at 4 and 16 tokens 64 rows without a split stay the fastest)."""
+    stages (32 tokens: 61.5 µs). The gated form keeps 64-row tiles at one token: 32-row tiles took 41.2 against 47.3
+    µs in the isolated sweep (``kernels_linear_sweep_gated_decode.json``), but in the 8B model's batch-1 step they
+    made the output GEMVs slower (1.494 against 1.403 ms per step, runs T and O in ``benchmarks/results/e2e.md``)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=64, SPLIT=1, num_warps=4, num_stages=1)
     block_n = min(64, max(16, next_pow2(group_size)))
     many = num_tokens > 16
     if gated:  # two weights per program: enough bytes in flight without splitting K
-        if num_tokens == 1:  # one token: 32-row tiles, twice the programs (41.2 vs 47.3 µs, see the docstring)
-            block_n = min(block_n, 32)
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=3 if many else 4)
     if dense:
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=3)

@@ -431,8 +431,7 @@ def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
     assert gemv.output_config(128, 4096, True)["SPLIT"] == 1
     assert gemv.output_config(512, 4096, False, num_tokens=64)["SPLIT"] == 2  # over 16 tokens
     assert gemv.output_config(128, 4096, True, num_tokens=32)["num_stages"] == 3
-    assert gemv.output_config(128, 4096, True)["BLOCK_N"] == 32  # the gated form at one token: 32-row tiles
-    assert gemv.output_config(128, 4096, True, num_tokens=4)["BLOCK_N"] == 64
+    assert gemv.output_config(128, 4096, True)["BLOCK_N"] == 64  # 32-row tiles were slower in the model at one token
 
 
 @pytest.mark.parametrize(("op", "tokens", "gemv"), [
