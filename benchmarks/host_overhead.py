@@ -10,7 +10,11 @@ What a compiled call does on the host besides running its graph grows with the W
   minus its compiled-graph call, and Dynamo's cache lookup (guard check), with the default stance and with
   ``skip_guard_eval_unsafe``. Profiler times are inflated; compare the variants, not the absolute values.
 
-Usage: ``python benchmarks/host_overhead.py [--layers 8] [--out benchmarks/results/host_overhead_cpu.json]``
+``--clear-masks`` (an experiment, not library behaviour): the WIDE model's mask pre-hooks set ``block.mask = None``
+after using it, so the graph no longer returns the masks (and ``realized_masks`` is empty after a call); the WIDE
+variant is measured that way as ``wide_masks_cleared``.
+
+Usage: ``python benchmarks/host_overhead.py [--layers 8] [--clear-masks] [--out benchmarks/results/host_overhead_cpu.json]``
 """
 
 from __future__ import annotations
@@ -107,9 +111,24 @@ def measure(model, variant: str) -> dict:
             "skip_guard_eval": profiled_host_us(run, True)}
 
 
+def clear_masks_after_use() -> None:
+    """Patch the mask pre-hook so that each block forgets its mask once the projection has used it."""
+    from wide_compile.passes import router_insertion
+
+    use = router_insertion.MaskHook.__call__
+
+    def use_and_clear(self, module, args, kwargs):
+        result = use(self, module, args, kwargs)
+        self.block.mask = None
+        return result
+
+    router_insertion.MaskHook.__call__ = use_and_clear
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--clear-masks", action="store_true", help="also measure WIDE with masks not kept (experiment)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "host_overhead_cpu.json"))
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -121,6 +140,10 @@ def main() -> None:
     for variant, model in (("dense", models.dense), ("wide", models.wide)):
         result[variant] = measure(model, variant)
         print(variant, json.dumps(result[variant]), flush=True)
+    if args.clear_masks:
+        clear_masks_after_use()
+        result["wide_masks_cleared"] = measure(models.wide, "wide")
+        print("wide_masks_cleared", json.dumps(result["wide_masks_cleared"]), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
