@@ -14,7 +14,8 @@ What a compiled call does on the host besides running its graph grows with the W
 after using it, so the graph no longer returns the masks (and ``realized_masks`` is empty after a call); the WIDE
 variant is measured that way as ``wide_masks_cleared``.
 
-Usage: ``python benchmarks/host_overhead.py [--layers 8] [--clear-masks] [--out benchmarks/results/host_overhead_cpu.json]``
+Usage: ``python benchmarks/host_overhead.py [--layers 8] [--clear-masks] [--out FILE]`` (default
+``benchmarks/results/host_overhead_cpu.json``)
 """
 
 from __future__ import annotations

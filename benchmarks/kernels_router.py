@@ -7,8 +7,8 @@ A router maps ``x[M, H]`` (bf16 residual) to ``mask[M, G]`` through ``h = x W_in
 columns per group: Llama-3-8B H = 4096 with G = 8 attention groups and 112 FFN groups, SmolLM2-135M H = 576 with
 G = 3 and 12. "unfused" is what the model runs without the
 lowering (``router_mask_reference``: fp32 cast of x, cuBLAS fp32 GEMM / GEMV x2, compare: several kernels); "fused"
-is the template with its defaults (at M > 16 with bf16 x: W_in split in three bf16 parts on tensor cores, see the
-template's docstring); "fused fp32" forces its fp32 FMA path (``W_SPLIT3 = False``), the only path of the last
+is the template with its defaults (at M > 16 with bf16 x: W_in split in bf16 parts on tensor cores, two since
+stop 15; see the template's docstring); "fused fp32" forces its fp32 FMA path (``W_SPLIT3 = False``), the only path of the last
 measured version. Times: median µs of CUDA-graph replays, each replay running the op on rotated copies of x and the
 weights (>= 150 MB, so L2 does not hold them, as in a model where other layers run in between), per call.
 Decisions: fraction of (token, group) pairs where the fused mask differs from the unfused one (near-ties only).

@@ -90,7 +90,7 @@ if HAS_TRITON:
                 k_ok = (k + offs_k) < k_stop
                 xt = tl.load(x_ptrs, mask=valid_m[:, None] & k_ok[None, :], other=0.0)
                 wt = tl.load(w_ptrs, mask=k_ok[:, None] & valid_r[None, :], other=0.0)
-            if W_SPLIT3:  # tensor cores, fp32-exact products: x (16-bit) times W_in = hi + mid + lo in x's dtype
+            if W_SPLIT3:  # tensor cores: x (16-bit) times W_in = hi + mid (+ lo: fp32-exact products) in x's dtype
                 w_hi = wt.to(xt.dtype)
                 rest = wt - w_hi.to(tl.float32)
                 w_mid = rest.to(xt.dtype)
