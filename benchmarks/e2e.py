@@ -307,6 +307,36 @@ def device_occupancy(prof, steps: int) -> dict:
             "device_window_ms_per_step": (spans[-1][1] - spans[0][0]) / 1e3 / steps}
 
 
+def kernel_gaps(prof, steps: int, max_gap_us: float = 200.0, top: int = 12) -> dict:
+    """Where the device idles between kernels inside a call: each gap between the end of the last-ending activity so
+    far and the next start, attributed to the pair (activity that ended, activity that starts). Gaps longer than
+    ``max_gap_us`` (between calls: the host) are left out. ``in_call_gap_ms_per_step`` is their sum per call."""
+    from torch.autograd import DeviceType
+
+    spans = sorted((e.time_range.start, e.time_range.end, getattr(e, "name", "?")[:48]) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+                   and not getattr(e, "name", "").startswith("##"))
+    if not spans:
+        return {}
+    pairs: dict[tuple[str, str], list[float]] = {}
+    _, cur_end, cur_name = spans[0]
+    total = count = 0.0
+    for start, end, name in spans[1:]:
+        gap = start - cur_end
+        if 0 < gap <= max_gap_us:
+            slot = pairs.setdefault((cur_name, name), [0.0, 0])
+            slot[0] += gap
+            slot[1] += 1
+            total += gap
+            count += 1
+        if end > cur_end:
+            cur_end, cur_name = end, name
+    rows = sorted(pairs.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"in_call_gap_ms_per_step": total / 1e3 / steps, "gaps_per_step": count / steps,
+            "gaps_top": [{"after": a, "before": b, "ms_per_step": t / 1e3 / steps, "count": int(n)}
+                         for (a, b), (t, n) in rows]}
+
+
 def profile_steps(run: Run, step, start: int, cache, steps: int = 10, rewind_each: bool = False) -> dict:
     """Top CUDA kernels of ``steps`` calls (decode steps, or prefills with ``rewind_each``; inside CUDA graphs where
     the profiler sees them), in device ms per call."""
@@ -332,7 +362,7 @@ def profile_steps(run: Run, step, start: int, cache, steps: int = 10, rewind_eac
         rows.sort(key=lambda r: -r["self_device_ms_per_step"])
         host.sort(key=lambda r: -r["host_ms_per_step"])  # inclusive host time: where a host-bound step waits
         return {"top": rows[:40], "total_device_ms_per_step": sum(r["self_device_ms_per_step"] for r in rows),
-                "host_top": host[:20], **device_occupancy(prof, steps)}
+                "host_top": host[:20], **device_occupancy(prof, steps), "gaps": kernel_gaps(prof, steps)}
     except Exception as exc:  # noqa: BLE001 - optional diagnostics
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 

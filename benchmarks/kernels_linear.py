@@ -350,6 +350,17 @@ def gate_up_tile_sweeps(ms: tuple = (4096,)) -> list:
     return [("gate_up", m, "rand50", configs) for m in ms]
 
 
+def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384)) -> list:
+    """The prefill gate/up GEMM at its defaults with and without ``HALF_TAIL`` (a group's last tile with at most half
+    its rows active runs its products on half a tile: at 50% and 4096 tokens about 1.5% of the tiles' rows are
+    padding that this removes; ``kernels_linear_sweep_half_tail.json``)."""
+    from wide_compile.templates.gemm_gated_up import default_config
+
+    gs = OPS["gate_up"]["gs"]
+    return [("gate_up", m, "rand50", [default_config(m, gs), dict(default_config(m, gs), HALF_TAIL=True)])
+            for m in ms]
+
+
 def moderate_tile_sweeps() -> list:
     """The output-group GEMMs (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 64-1024 tokens,
     where the default tiles leave few programs per group (64 tokens: 32 programs for the query projection) or spill
@@ -480,6 +491,8 @@ def main() -> None:
                     "and program order instead (kernels_linear_sweep_gate_up_tiles.json; --ms: token counts)")
     ap.add_argument("--sweep-gated-decode", action="store_true", help="time the fused gate/up GEMV's tiles and K "
                     "splits at 1-16 tokens instead (kernels_linear_sweep_gated_decode.json)")
+    ap.add_argument("--sweep-half-tail", action="store_true", help="time the prefill gate/up GEMM with and without "
+                    "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -504,6 +517,8 @@ def main() -> None:
               "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
               "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
               "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
+              "sweep_half_tail": (lambda: half_tail_sweeps(tuple(int(v) for v in args.ms.split(",")))
+                                  if args.ms else half_tail_sweeps(), "kernels_linear_sweep_half_tail.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

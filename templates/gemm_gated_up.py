@@ -32,6 +32,41 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
+    def _gated_up_rows(
+        x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n, out_mask, N, K,
+        ACTIVATION: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        EVEN_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        USE_TMA: tl.constexpr,
+        WARP_SPECIALIZE: tl.constexpr,
+    ):
+        """``h[rows, n tile]`` of one tile (as many rows as ``rows`` holds): both products over K, then the
+        activation, the product, zeros for rows at or past ``count``, one store."""
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
+        w_off = offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
+        wg_ptrs = wg_ptr + w_off
+        wu_ptrs = wu_ptr + w_off
+        acc_g = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
+        acc_u = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
+        n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
+        for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+            a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
+            bg = load_weight_tile(wg_ptrs, wg_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
+            bu = load_weight_tile(wu_ptrs, wu_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
+            acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
+            x_ptrs += BLOCK_K
+            wg_ptrs += BLOCK_K
+            wu_ptrs += BLOCK_K
+        h = activation_fn(acc_g, ACTIVATION) * acc_u
+        h = tl.where((offs_m < count)[:, None], h, 0.0)
+        tl.store(h_ptr + rows[:, None] * N + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
     def _gated_up_gemm_kernel(
         x_ptr, wg_ptr, wu_ptr, h_ptr, tokens_ptr, counts_ptr, wg_desc, wu_desc,
         M, N, K,
@@ -48,33 +83,33 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
+        HALF_TAIL: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
-        h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
         if tile_start >= count:  # fully inactive tile: zeros only
+            h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
             tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
+        elif HALF_TAIL and count - tile_start <= BLOCK_M // 2:
+            # the group's last tile with at most half its rows active: products over the first half only
+            HALF: tl.constexpr = BLOCK_M // 2
+            g = tl.min(offs_n, 0) // GROUP_SIZE
+            lists = tokens_ptr + g.to(tl.int64) * M
+            offs_lo = tile_start + tl.arange(0, HALF)
+            offs_hi = offs_lo + HALF
+            rows_lo = tl.load(lists + offs_lo, mask=offs_lo < M, other=0).to(tl.int64)
+            rows_hi = tl.load(lists + offs_hi, mask=offs_hi < M, other=0).to(tl.int64)
+            mask_lo = (offs_lo < M)[:, None] & valid_n[None, :]
+            mask_hi = (offs_hi < M)[:, None] & valid_n[None, :]
+            _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows_lo, offs_lo, count, offs_n, valid_n,
+                           mask_lo, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                           WARP_SPECIALIZE)
+            tl.store(h_ptr + rows_hi[:, None] * N + offs_n[None, :],
+                     tl.zeros((HALF, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=mask_hi)
         else:
-            offs_k = tl.arange(0, BLOCK_K)
-            x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-            w_off = offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
-            wg_ptrs = wg_ptr + w_off
-            wu_ptrs = wu_ptr + w_off
-            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
-            for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
-                a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
-                bg = load_weight_tile(wg_ptrs, wg_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
-                bu = load_weight_tile(wu_ptrs, wu_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
-                acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PRECISION)
-                acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
-                x_ptrs += BLOCK_K
-                wg_ptrs += BLOCK_K
-                wu_ptrs += BLOCK_K
-            h = activation_fn(acc_g, ACTIVATION) * acc_u
-            h = tl.where((offs_m < count)[:, None], h, 0.0)
-            tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=out_mask)
+            _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
+                           out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                           WARP_SPECIALIZE)
 
 
 def default_config(num_tokens: int, group_size: int) -> dict:
@@ -130,6 +165,7 @@ def gated_up_gemm(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
+        HALF_TAIL=bool(cfg.get("HALF_TAIL", False)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -118,7 +118,7 @@ def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
     wg, wu = weights["gate"].to(torch.bfloat16), weights["up"].to(torch.bfloat16)
     x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
     mask = _mask(kind, m, INTER // FFN_GROUP, gen)
-    for cfg in ({"TMA": True}, {"TMA": True, "num_stages": 3}):
+    for cfg in ({"TMA": True}, {"TMA": True, "num_stages": 3}, {"TMA": True, "HALF_TAIL": True}):
         h = gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemm", config=cfg,
                             out=torch.full((m, INTER), float("nan"), dtype=torch.bfloat16, device="cuda"))
         _check(h, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu"), mask, FFN_GROUP)

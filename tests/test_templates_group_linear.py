@@ -201,6 +201,29 @@ def test_group_gemms_with_warp_specialized_k_loop(k):
     _check(y, ref.output_group_linear_reference(x, wg, mask, gs, None), dtype, mask, gs)
 
 
+@pytest.mark.parametrize("m", [37, 70])
+@pytest.mark.parametrize("kind", ["all", "none", "random", "counts"])
+def test_gated_up_gemm_half_tail(k, m, kind):
+    """``config={"HALF_TAIL": True}``: a group's last tile with at most half its rows active runs the products on
+    half a tile and stores zeros for the other half. "counts" gives the groups 1, 15, 16, 17, 31, 32 and 33 active
+    tokens (the interpreter's tile is 32 rows: tails below, at and above the half)."""
+    gen = torch.Generator().manual_seed(m + len(kind))
+    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
+    d, gs, counts = 80, 16, (1, 15, 16, 17, 31, 32, 33)
+    n = gs * len(counts)
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    wg, wu = ((torch.randn(n, d, generator=gen) / 9).to(dtype) for _ in range(2))
+    if kind == "counts":
+        mask = torch.zeros(m, len(counts), dtype=torch.bool)
+        for g, c in enumerate(counts):
+            mask[torch.randperm(m, generator=gen)[: min(c, m)], g] = True
+    else:
+        mask = _mask(kind, m, len(counts), gen)
+    for cfg in ({"HALF_TAIL": True}, {"HALF_TAIL": True, "TMA": True}):
+        h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
+        _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
+
+
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
     """On the GPU the prefill defaults from 512 tokens load weight tiles through TMA (4 stages up to 8191 tokens, 3
     from 8192); weights TMA cannot take (fp32) then run the pointer loads instead of failing."""
