@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -401,7 +402,10 @@ def gated_decode_sweeps() -> list:
     return [("gate_up", m, "rand50", configs) for m in (1, 4, 16)]
 
 
-def run_sweep(gen: torch.Generator, sweeps: list | None = None) -> list:
+def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1) -> list:
+    """Time each case's configurations; with ``repeat`` > 1 the configurations are timed in ``repeat`` interleaved
+    rounds (A B A B ...) and ``us`` is the median over rounds, so that drift of the GPU's clocks during the sweep
+    does not favour one configuration (between two single timings the same configuration moved by up to 16%)."""
     out = []
     for op, m, mname, configs in SWEEPS if sweeps is None else sweeps:
         case = Case(op, m, rotations_for(op, m), gen)
@@ -410,20 +414,31 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None) -> list:
         mask = make_mask(mname, m, g, gen)
         dense = bench_graph(case.dense_fns(half=False, act=False))
         expected = case.ours_fns(mask)[0]().float()  # the default configuration's result: each config must match it
+        runs = []
         for cfg in configs:
             cfg = dict(cfg)
             block_m = cfg.pop("BLOCK_M") if kind == "input" and "BLOCK_M" in cfg else None
             try:
                 fns = case.ours_fns(mask, config=cfg, block_m=block_m)
                 err = ((fns[0]().float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
-                t = bench_graph(fns)
             except Exception as e:  # a config that does not compile / fit: report, continue
-                t = err = float("nan")
+                fns, err = None, float("nan")
                 print(f"  config failed: {type(e).__name__}: {str(e)[:120]}")
-            out.append(dict(op=op, M=m, mask=mname, config=cfg, block_m=block_m, us=t, dense_us=dense, rel_err=err))
+            runs.append((cfg, block_m, fns, err, []))
+        for _ in range(repeat):
+            for cfg, block_m, fns, err, samples in runs:
+                if fns is not None:
+                    samples.append(bench_graph(fns))
+        for cfg, block_m, fns, err, samples in runs:
+            t = statistics.median(samples) if samples else float("nan")
+            row = dict(op=op, M=m, mask=mname, config=cfg, block_m=block_m, us=t, dense_us=dense, rel_err=err)
+            if repeat > 1:
+                row["us_rounds"] = samples
+            out.append(row)
             print(f"SWEEP {op:8s} M={m:5d} {mname:9s} {cfg} bm={block_m} -> {t:8.1f}us (dense {dense:8.1f}) "
-                  f"rel err vs default {err:.1e}", flush=True)
-        del case
+                  f"rel err vs default {err:.1e}" + (f" rounds {[round(v, 1) for v in samples]}" if repeat > 1 else ""),
+                  flush=True)
+        del case, runs
         torch.cuda.empty_cache()
     return out
 
@@ -493,6 +508,8 @@ def main() -> None:
                     "splits at 1-16 tokens instead (kernels_linear_sweep_gated_decode.json)")
     ap.add_argument("--sweep-half-tail", action="store_true", help="time the prefill gate/up GEMM with and without "
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
+    ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
+                    "(the median is reported)")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -523,7 +540,7 @@ def main() -> None:
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:
         make, name = sweeps[chosen[0]]
-        result["sweep"] = run_sweep(gen, make())
+        result["sweep"] = run_sweep(gen, make(), repeat=args.repeat)
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1)
     if not args.no_main:
