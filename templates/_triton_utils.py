@@ -93,6 +93,20 @@ if HAS_TRITON:
         return pid_m * BLOCK_M, offs_m, rows, count, offs_n, valid_n, out_mask
 
     @triton.jit
+    def half_tile_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr):
+        """The two halves of an output-group tile (``HALF_TAIL``): the token rows of its first and second
+        ``BLOCK_M // 2`` list positions, and their store masks (rows inside ``M``, columns inside the group)."""
+        g = tl.min(offs_n, 0) // GROUP_SIZE
+        lists = tokens_ptr + g.to(tl.int64) * M
+        offs_lo = tile_start + tl.arange(0, BLOCK_M // 2)
+        offs_hi = offs_lo + BLOCK_M // 2
+        lo = tl.load(lists + offs_lo, mask=offs_lo < M, other=0).to(tl.int64)
+        hi = tl.load(lists + offs_hi, mask=offs_hi < M, other=0).to(tl.int64)
+        mask_lo = (offs_lo < M)[:, None] & valid_n[None, :]
+        mask_hi = (offs_hi < M)[:, None] & valid_n[None, :]
+        return lo, hi, mask_lo, mask_hi
+
+    @triton.jit
     def swizzle_m_major(pid, num_m, num_n, GROUP_M: tl.constexpr):
         """Program id -> (m tile, n tile), GROUP_M m tiles side by side, sweeping n tiles (L2 reuse)."""
         width = GROUP_M * num_n

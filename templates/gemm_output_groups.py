@@ -11,20 +11,53 @@ share weight tiles and (as per-group lists are in ascending token order) nearby 
 From 512 tokens the weight tiles come through TMA descriptors (``tma_weights``), as in the gate/up GEMM, where the
 weights allow it (a default falls back to pointer loads; an explicit ``config={"TMA": True}`` raises instead).
 
-``WARP_SPECIALIZE`` (config key, off by default; not yet measured): the K loop with Triton's automatic warp
-specialisation, as in ``gemm_gated_up``.
+``HALF_TAIL`` (config key, on in the TMA defaults): a group's last tile with at most half of its rows active runs the
+K loop on half a tile, as in ``gemm_gated_up`` (measurements there and in ``kernels_linear_sweep_half_tail.json``).
+
+``WARP_SPECIALIZE`` (config key, off by default): the K loop with Triton's automatic warp specialisation, as in
+``gemm_gated_up``.
 """
 from __future__ import annotations
 
 import torch
 
-from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_group_tile, sm_count
+from ._triton_utils import HAS_TRITON, cdiv, half_tile_rows, interpreting, next_pow2, output_group_tile, sm_count
 from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def _output_group_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, w_desc, rows, offs_m, count, offs_n, valid_n, out_mask, N, K,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        EVEN_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        USE_TMA: tl.constexpr,
+        WARP_SPECIALIZE: tl.constexpr,
+    ):
+        """``y[rows, n tile]`` of one tile (as many rows as ``rows`` holds): the K loop, the bias, zeros for rows at
+        or past ``count``, one store."""
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
+        acc = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
+        n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
+        for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+            a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
+            b = load_weight_tile(w_ptrs, w_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=valid_n, other=0.0).to(tl.float32)[None, :]
+        acc = tl.where((offs_m < count)[:, None], acc, 0.0)
+        tl.store(y_ptr + rows[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _output_groups_gemm_kernel(
@@ -43,28 +76,25 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
+        HALF_TAIL: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
-        y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
         if tile_start >= count:  # fully inactive tile: zeros only
+            y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
             tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
+        elif HALF_TAIL and count - tile_start <= BLOCK_M // 2:
+            # the group's last tile with at most half its rows active: the K loop over the first half only
+            lo, hi, mask_lo, mask_hi = half_tile_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE, BLOCK_M)
+            _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, lo, tile_start + tl.arange(0, BLOCK_M // 2), count,
+                               offs_n, valid_n, mask_lo, N, K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST,
+                               DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+            tl.store(y_ptr + hi[:, None] * N + offs_n[None, :],
+                     tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=mask_hi)
         else:
-            offs_k = tl.arange(0, BLOCK_K)
-            x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-            w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
-            for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
-                a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
-                b = load_weight_tile(w_ptrs, w_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
-                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-                x_ptrs += BLOCK_K
-                w_ptrs += BLOCK_K
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + offs_n, mask=valid_n, other=0.0).to(tl.float32)[None, :]
-            acc = tl.where((offs_m < count)[:, None], acc, 0.0)
-            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+            _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, rows, offs_m, count, offs_n, valid_n, out_mask, N,
+                               K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                               WARP_SPECIALIZE)
 
 
 def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: int = 132) -> dict:
@@ -80,9 +110,9 @@ def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: i
     if interpreting():
         return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
     if num_tokens >= 2048 and group_size >= 256:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True)
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, HALF_TAIL=True)
     if num_tokens >= 512:
-        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True)
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, HALF_TAIL=True)
     token_tiles = cdiv(num_tokens, 64)
     while block_n > 32 and token_tiles * num_groups * cdiv(group_size, block_n) < sms:
         block_n //= 2
@@ -126,6 +156,7 @@ def output_groups_gemm(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
+        HALF_TAIL=bool(cfg.get("HALF_TAIL", False)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

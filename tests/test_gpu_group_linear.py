@@ -111,8 +111,8 @@ def test_gelu_variants_and_batch_dims(weights, activation):
 @pytest.mark.parametrize("m", [1000, 4096])
 @pytest.mark.parametrize("kind", ["random", "all", "none"])
 def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
-    """The prefill gate/up GEMM (TMA with 4 stages: the default, passed on the H200 in stop 12; 3 stages: not yet run)
-    and the output-group GEMM of the query projection (opt-in TMA, not yet run) with weight tiles through tensor
+    """The prefill gate/up GEMM (TMA with 4 stages, the default; 3 stages; half-height last tiles) and the output-group
+    GEMM of the query projection (TMA, with and without half-height last tiles) with weight tiles through tensor
     descriptors."""
     gen = torch.Generator(device="cuda").manual_seed(m + len(kind))
     wg, wu = weights["gate"].to(torch.bfloat16), weights["up"].to(torch.bfloat16)
@@ -124,9 +124,10 @@ def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
         _check(h, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu"), mask, FFN_GROUP)
     wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
     attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
-    q = output_group_linear(x, wq, attn_mask, ATTN_GROUP, bias, path="gemm", config={"TMA": True},
-                            out=torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
-    _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)
+    for cfg in ({"TMA": True}, {"TMA": True, "HALF_TAIL": True}):
+        q = output_group_linear(x, wq, attn_mask, ATTN_GROUP, bias, path="gemm", config=cfg,
+                                out=torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
+        _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)
 
 
 def test_plan_tables_on_gpu():

@@ -203,8 +203,8 @@ def test_group_gemms_with_warp_specialized_k_loop(k):
 
 @pytest.mark.parametrize("m", [37, 70])
 @pytest.mark.parametrize("kind", ["all", "none", "random", "counts"])
-def test_gated_up_gemm_half_tail(k, m, kind):
-    """``config={"HALF_TAIL": True}``: a group's last tile with at most half its rows active runs the products on
+def test_output_group_gemms_half_tail(k, m, kind):
+    """``config={"HALF_TAIL": True}`` (gate/up and the output-group GEMM): a group's last tile with at most half its rows active runs the products on
     half a tile and stores zeros for the other half. "counts" gives the groups 1, 15, 16, 17, 31, 32 and 33 active
     tokens (the interpreter's tile is 32 rows: tails below, at and above the half)."""
     gen = torch.Generator().manual_seed(m + len(kind))
@@ -219,20 +219,24 @@ def test_gated_up_gemm_half_tail(k, m, kind):
             mask[torch.randperm(m, generator=gen)[: min(c, m)], g] = True
     else:
         mask = _mask(kind, m, len(counts), gen)
+    bias = torch.randn(n, generator=gen).to(dtype)
     for cfg in ({"HALF_TAIL": True}, {"HALF_TAIL": True, "TMA": True}):
         h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
         _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
+        y = lin.output_group_linear(x, wg, mask, gs, bias, path="gemm", config=cfg, out=_poisoned((m, n), dtype))
+        _check(y, ref.output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
 
 
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
     """On the GPU the prefill defaults from 512 tokens load weight tiles through TMA (4 stages up to 8191 tokens, 3
-    from 8192); weights TMA cannot take (fp32) then run the pointer loads instead of failing."""
+    from 8192) and run half-height last tiles; weights TMA cannot take (fp32) then run the pointer loads instead of
+    failing."""
     gemm = k["gemm_gated_up"]
     monkeypatch.setattr(gemm, "interpreting", lambda: False)
     assert gemm.default_config(4096, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4,
-                                                  TMA=True)
+                                                  TMA=True, HALF_TAIL=True)
     assert gemm.default_config(8192, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
-                                                  TMA=True)
+                                                  TMA=True, HALF_TAIL=True)
     assert gemm.default_config(256, 128)["BLOCK_M"] == 128
     assert "TMA" not in gemm.default_config(64, 128)
     monkeypatch.undo()
