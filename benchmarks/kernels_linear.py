@@ -351,10 +351,10 @@ def gate_up_tile_sweeps(ms: tuple = (4096,)) -> list:
     return [("gate_up", m, "rand50", configs) for m in ms]
 
 
-def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384)) -> list:
+def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384), splits: tuple = (1, 2, 4)) -> list:
     """The prefill gate/up GEMM and the query projection's output-group GEMM at their default tiles with and without
-    ``HALF_TAIL`` (a group's last tile with at most half its rows active runs its products on half a tile: at 50% and
-    4096 tokens about 1.5% of the gate/up tiles' rows are padding that this removes;
+    ``TAIL_SPLIT`` 1 / 2 / 4 (a group's last tile with at most half / a quarter of its rows active runs its products on
+    that many rows: at 50% and 4096 tokens about 1.5% of the gate/up tiles' rows are padding that halves remove;
     ``kernels_linear_sweep_half_tail.json``)."""
     from wide_compile.templates.gemm_gated_up import default_config
 
@@ -362,8 +362,9 @@ def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384)) -> list:
 
     gs, q_gs = OPS["gate_up"]["gs"], OPS["q_proj"]["gs"]
     q_groups = OPS["q_proj"]["N"] // q_gs
-    return ([("gate_up", m, "rand50", [dict(default_config(m, gs), HALF_TAIL=h) for h in (False, True)]) for m in ms]
-            + [("q_proj", m, "rand50", [dict(q_default(m, q_gs, q_groups), HALF_TAIL=h) for h in (False, True)])
+    return ([("gate_up", m, "rand50", [dict(default_config(m, gs), TAIL_SPLIT=t) for t in splits]) for m in ms]
+            + [("q_proj", m, "rand50", [dict(q_default(m, q_gs, q_groups), TAIL_SPLIT=t)
+                                       for t in splits])
                for m in ms])
 
 

@@ -93,18 +93,25 @@ if HAS_TRITON:
         return pid_m * BLOCK_M, offs_m, rows, count, offs_n, valid_n, out_mask
 
     @triton.jit
-    def half_tile_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr):
-        """The two halves of an output-group tile (``HALF_TAIL``): the token rows of its first and second
-        ``BLOCK_M // 2`` list positions, and their store masks (rows inside ``M``, columns inside the group)."""
+    def tail_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE: tl.constexpr, PART: tl.constexpr):
+        """The first ``PART`` list positions of an output-group tile (``TAIL_SPLIT``): their token rows, positions and
+        store mask (rows inside ``M``, columns inside the group)."""
         g = tl.min(offs_n, 0) // GROUP_SIZE
-        lists = tokens_ptr + g.to(tl.int64) * M
-        offs_lo = tile_start + tl.arange(0, BLOCK_M // 2)
-        offs_hi = offs_lo + BLOCK_M // 2
-        lo = tl.load(lists + offs_lo, mask=offs_lo < M, other=0).to(tl.int64)
-        hi = tl.load(lists + offs_hi, mask=offs_hi < M, other=0).to(tl.int64)
-        mask_lo = (offs_lo < M)[:, None] & valid_n[None, :]
-        mask_hi = (offs_hi < M)[:, None] & valid_n[None, :]
-        return lo, hi, mask_lo, mask_hi
+        offs = tile_start + tl.arange(0, PART)
+        rows = tl.load(tokens_ptr + g.to(tl.int64) * M + offs, mask=offs < M, other=0).to(tl.int64)
+        return rows, offs, (offs < M)[:, None] & valid_n[None, :]
+
+    @triton.jit
+    def tail_part(count, tile_start, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr):
+        """Rows of a partly active tile that run the K loop: the smallest of ``BLOCK_M // TAIL_SPLIT``, ...,
+        ``BLOCK_M // 2`` (at least 16, ``tl.dot``'s minimum) holding the active ones, else ``BLOCK_M``."""
+        rem = count - tile_start
+        part = rem * 0 + BLOCK_M
+        if TAIL_SPLIT >= 2:
+            part = tl.where(rem <= BLOCK_M // 2, BLOCK_M // 2, part)
+        if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:
+            part = tl.where(rem <= BLOCK_M // 4, BLOCK_M // 4, part)
+        return part
 
     @triton.jit
     def swizzle_m_major(pid, num_m, num_n, GROUP_M: tl.constexpr):

@@ -15,12 +15,12 @@ and 983.9 / 859.4 / 882.4; 8192 1856.5 / 1701.5 / 1949.7; 16384 3648.1 / 3498.6 
 3382.8. Between calls the same configuration varies by up to 16%: from 8192 tokens TMA with 3 and 4 stages trade
 places. An explicit ``config={"TMA": True}`` on weights TMA cannot take raises.
 
-``HALF_TAIL`` (config key; on in the TMA defaults): a group's last tile with at most half of its rows active runs the
-K loop on half a tile (a second copy of the loop at ``BLOCK_M // 2`` rows) and stores zeros for the other half. H200,
-50% random masks, µs, median of 7 interleaved rounds, off -> on
-(``benchmarks/results/kernels_linear_sweep_half_tail_gate_up.json``):
-1024 tokens 225.0 -> 224.8, 2048 460.2 -> 439.5, 4096 920.8 -> 838.7, 16384 3461.8 -> 3387.4. Only ~1.5% of the rows
-at 4096 tokens are padding that this removes; why the gain is larger was not examined.
+``TAIL_SPLIT`` (config key, ``tail_split.py``; 2 in the TMA defaults): a group's last tile with at most half (with 4:
+also a quarter) of its rows active runs the K loop on that many rows and stores zeros for the rest. H200, 50% random
+masks, µs, median of 7 interleaved rounds, whole tiles -> halves (``benchmarks/results/kernels_linear_sweep_half_tail.json``):
+1024 tokens 225.5 -> 224.8, 2048 462.3 -> 432.6, 4096 900.5 -> 822.2, 16384 3384.0 -> 3309.7 (an earlier call:
+``kernels_linear_sweep_half_tail_gate_up.json``). Only ~1.5% of the rows at 4096 tokens are padding that this removes;
+why the gain is larger was not examined.
 
 ``WARP_SPECIALIZE`` (config key, off by default; no effect on the H200 with Triton 3.6, notes_linear.md): the K loop as ``tl.range(...,
 warp_specialize=True)``, Triton's automatic warp specialisation (producer warps for the loads, consumer warps for the
@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, half_tile_rows, interpreting, next_pow2,
-                            output_group_tile)
+from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2, output_group_tile,
+                            tail_part, tail_rows)
 from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
+from .tail_split import tail_split
 
 if HAS_TRITON:
     import triton
@@ -75,6 +76,31 @@ if HAS_TRITON:
         tl.store(h_ptr + rows[:, None] * N + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
+    def _gated_up_tail(
+        x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m, rows, offs_n, valid_n,
+        out_mask, M, N, K,
+        PART: tl.constexpr,
+        GROUP_SIZE: tl.constexpr,
+        ACTIVATION: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        EVEN_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        USE_TMA: tl.constexpr,
+        WARP_SPECIALIZE: tl.constexpr,
+    ):
+        """A partly active tile whose active rows fit in its first ``PART`` rows: the products over those, zeros
+        for the rest of the tile."""
+        part_rows, part_offs, part_mask = tail_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE, PART)
+        _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, part_rows, part_offs, count, offs_n, valid_n,
+                       part_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                       WARP_SPECIALIZE)
+        rest = out_mask & (offs_m >= tile_start + PART)[:, None]
+        tl.store(h_ptr + rows[:, None] * N + offs_n[None, :],
+                 tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=h_ptr.dtype.element_ty), mask=rest)
+
+    @triton.jit
     def _gated_up_gemm_kernel(
         x_ptr, wg_ptr, wu_ptr, h_ptr, tokens_ptr, counts_ptr, wg_desc, wu_desc,
         M, N, K,
@@ -91,25 +117,27 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
-        HALF_TAIL: tl.constexpr,
+        TAIL_SPLIT: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
+        part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
         if tile_start >= count:  # fully inactive tile: zeros only
             h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
             tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
-        elif HALF_TAIL and count - tile_start <= BLOCK_M // 2:
-            # the group's last tile with at most half its rows active: products over the first half only
-            lo, hi, mask_lo, mask_hi = half_tile_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE, BLOCK_M)
-            _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, lo, tile_start + tl.arange(0, BLOCK_M // 2),
-                           count, offs_n, valid_n, mask_lo, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST,
-                           DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
-            tl.store(h_ptr + hi[:, None] * N + offs_n[None, :],
-                     tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=mask_hi)
-        else:
+        elif part == BLOCK_M:
             _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
                            out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
                            WARP_SPECIALIZE)
+        elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
+            _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
+                           rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, ACTIVATION, BLOCK_K,
+                           EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+        else:
+            if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
+                _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
+                               rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE, ACTIVATION,
+                               BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
 
 
 def default_config(num_tokens: int, group_size: int) -> dict:
@@ -120,9 +148,9 @@ def default_config(num_tokens: int, group_size: int) -> dict:
     if interpreting():
         return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
     if num_tokens >= 8192:
-        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, HALF_TAIL=True)
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, TAIL_SPLIT=2)
     if num_tokens >= 512:
-        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True, HALF_TAIL=True)
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True, TAIL_SPLIT=2)
     if num_tokens >= 256:
         return dict(BLOCK_M=128, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=4)
     return dict(BLOCK_M=64, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=3)
@@ -165,7 +193,7 @@ def gated_up_gemm(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
-        HALF_TAIL=bool(cfg.get("HALF_TAIL", False)),
+        TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -11,8 +11,10 @@ share weight tiles and (as per-group lists are in ascending token order) nearby 
 From 512 tokens the weight tiles come through TMA descriptors (``tma_weights``), as in the gate/up GEMM, where the
 weights allow it (a default falls back to pointer loads; an explicit ``config={"TMA": True}`` raises instead).
 
-``HALF_TAIL`` (config key, on in the TMA defaults): a group's last tile with at most half of its rows active runs the
-K loop on half a tile, as in ``gemm_gated_up`` (measurements there and in ``kernels_linear_sweep_half_tail.json``).
+``TAIL_SPLIT`` (config key, ``tail_split.py``; 2 in the TMA defaults): a group's last tile with at most half (with 4:
+also a quarter) of its rows active runs the K loop on that many rows, as in ``gemm_gated_up``. Query projection, H200,
+50% random masks, µs, whole tiles -> halves (``kernels_linear_sweep_half_tail.json``): 1024 tokens 47.8 -> 47.6, 2048
+56.0 -> 55.7, 4096 119.3 -> 112.5, 16384 463.6 -> 462.0.
 
 ``WARP_SPECIALIZE`` (config key, off by default): the K loop with Triton's automatic warp specialisation, as in
 ``gemm_gated_up``.
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_utils import HAS_TRITON, cdiv, half_tile_rows, interpreting, next_pow2, output_group_tile, sm_count
+from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_group_tile, sm_count, tail_part, tail_rows
 from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
+from .tail_split import tail_split
 
 if HAS_TRITON:
     import triton
@@ -60,6 +63,31 @@ if HAS_TRITON:
         tl.store(y_ptr + rows[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
+    def _output_group_tail(
+        x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows, offs_n, valid_n, out_mask,
+        M, N, K,
+        PART: tl.constexpr,
+        GROUP_SIZE: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        EVEN_N: tl.constexpr,
+        UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        USE_TMA: tl.constexpr,
+        WARP_SPECIALIZE: tl.constexpr,
+    ):
+        """A partly active tile whose active rows fit in its first ``PART`` rows: the K loop over those, zeros for
+        the rest of the tile."""
+        part_rows, part_offs, part_mask = tail_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE, PART)
+        _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, part_rows, part_offs, count, offs_n, valid_n,
+                           part_mask, N, K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                           WARP_SPECIALIZE)
+        rest = out_mask & (offs_m >= tile_start + PART)[:, None]
+        tl.store(y_ptr + rows[:, None] * N + offs_n[None, :],
+                 tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=y_ptr.dtype.element_ty), mask=rest)
+
+    @triton.jit
     def _output_groups_gemm_kernel(
         x_ptr, w_ptr, b_ptr, y_ptr, tokens_ptr, counts_ptr, w_desc,
         M, N, K,
@@ -76,25 +104,27 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
-        HALF_TAIL: tl.constexpr,
+        TAIL_SPLIT: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
+        part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
         if tile_start >= count:  # fully inactive tile: zeros only
             y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
             tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
-        elif HALF_TAIL and count - tile_start <= BLOCK_M // 2:
-            # the group's last tile with at most half its rows active: the K loop over the first half only
-            lo, hi, mask_lo, mask_hi = half_tile_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE, BLOCK_M)
-            _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, lo, tile_start + tl.arange(0, BLOCK_M // 2), count,
-                               offs_n, valid_n, mask_lo, N, K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST,
-                               DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
-            tl.store(y_ptr + hi[:, None] * N + offs_n[None, :],
-                     tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=mask_hi)
-        else:
+        elif part == BLOCK_M:
             _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, rows, offs_m, count, offs_n, valid_n, out_mask, N,
                                K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
                                WARP_SPECIALIZE)
+        elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
+            _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows,
+                               offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, HAS_BIAS, BLOCK_K,
+                               EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+        else:
+            if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
+                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows,
+                                   offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE, HAS_BIAS, BLOCK_K,
+                                   EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
 
 
 def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: int = 132) -> dict:
@@ -110,9 +140,9 @@ def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: i
     if interpreting():
         return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
     if num_tokens >= 2048 and group_size >= 256:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, HALF_TAIL=True)
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, TAIL_SPLIT=2)
     if num_tokens >= 512:
-        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, HALF_TAIL=True)
+        return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, TAIL_SPLIT=2)
     token_tiles = cdiv(num_tokens, 64)
     while block_n > 32 and token_tiles * num_groups * cdiv(group_size, block_n) < sms:
         block_n //= 2
@@ -156,7 +186,7 @@ def output_groups_gemm(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
-        HALF_TAIL=bool(cfg.get("HALF_TAIL", False)),
+        TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

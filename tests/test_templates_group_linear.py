@@ -203,13 +203,13 @@ def test_group_gemms_with_warp_specialized_k_loop(k):
 
 @pytest.mark.parametrize("m", [37, 70])
 @pytest.mark.parametrize("kind", ["all", "none", "random", "counts"])
-def test_output_group_gemms_half_tail(k, m, kind):
-    """``config={"HALF_TAIL": True}`` (gate/up and the output-group GEMM): a group's last tile with at most half its rows active runs the products on
-    half a tile and stores zeros for the other half. "counts" gives the groups 1, 15, 16, 17, 31, 32 and 33 active
-    tokens (the interpreter's tile is 32 rows: tails below, at and above the half)."""
+def test_output_group_gemms_tail_split(k, m, kind):
+    """``TAIL_SPLIT`` (gate/up and the output-group GEMM): a group's last tile with at most half / a quarter of its
+    rows active runs the products on that many rows and stores zeros for the rest. With 64-row tiles "counts" gives
+    the groups 1, 16, 17, 32, 33, 63, 64 and 65 active tokens: tails at, below and above a quarter and a half."""
     gen = torch.Generator().manual_seed(m + len(kind))
     dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
-    d, gs, counts = 80, 16, (1, 15, 16, 17, 31, 32, 33)
+    d, gs, counts = 80, 16, (1, 16, 17, 32, 33, 63, 64, 65)
     n = gs * len(counts)
     x = torch.randn(m, d, generator=gen).to(dtype)
     wg, wu = ((torch.randn(n, d, generator=gen) / 9).to(dtype) for _ in range(2))
@@ -220,11 +220,14 @@ def test_output_group_gemms_half_tail(k, m, kind):
     else:
         mask = _mask(kind, m, len(counts), gen)
     bias = torch.randn(n, generator=gen).to(dtype)
-    for cfg in ({"HALF_TAIL": True}, {"HALF_TAIL": True, "TMA": True}):
+    for cfg in ({"TAIL_SPLIT": 2}, {"TAIL_SPLIT": 2, "TMA": True}, {"TAIL_SPLIT": 4, "BLOCK_M": 64},
+                {"TAIL_SPLIT": 4, "BLOCK_M": 64, "TMA": True}):
         h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
         _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
         y = lin.output_group_linear(x, wg, mask, gs, bias, path="gemm", config=cfg, out=_poisoned((m, n), dtype))
         _check(y, ref.output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
+    with pytest.raises(ValueError, match="TAIL_SPLIT must be one of"):
+        lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config={"TAIL_SPLIT": 3})
 
 
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
@@ -234,9 +237,9 @@ def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
     gemm = k["gemm_gated_up"]
     monkeypatch.setattr(gemm, "interpreting", lambda: False)
     assert gemm.default_config(4096, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4,
-                                                  TMA=True, HALF_TAIL=True)
+                                                  TMA=True, TAIL_SPLIT=2)
     assert gemm.default_config(8192, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
-                                                  TMA=True, HALF_TAIL=True)
+                                                  TMA=True, TAIL_SPLIT=2)
     assert gemm.default_config(256, 128)["BLOCK_M"] == 128
     assert "TMA" not in gemm.default_config(64, 128)
     monkeypatch.undo()
