@@ -37,6 +37,20 @@ def decide(state: WideState, block: RoutedBlock, x: Tensor) -> Tensor:
     router = block.router
     logits = router(x)
     noise = ops.gumbel_noise(logits) if router.training else None
+    tau = _temperature(router, logits, noise)
     if state.config.budget == "topk":
-        return ops.topk_gate(logits, noise, router.tau, state.config.kept_groups(block.groups))
-    return ops.threshold_gate(logits, noise, router.tau)
+        return ops.topk_gate(logits, noise, tau, state.config.kept_groups(block.groups))
+    return ops.threshold_gate(logits, noise, tau)
+
+
+def _temperature(router, logits: Tensor, noise: Tensor | None) -> Tensor:
+    """The router's temperature buffer where it matters: with Gumbel noise or when a gradient may flow (the
+    straight-through estimator divides by it). A noise-free hard decision without autograd does not depend on it, so
+    there a constant stands in: under ``torch.compile`` the buffer would otherwise be a graph input whose tensor guard
+    Dynamo checks on every call through the hook objects that reach it (``skip_guard_eval_unsafe`` keeps tensor
+    guards of buffers), which made the WIDE call's guard check several times the dense model's."""
+    if noise is not None or torch.is_grad_enabled():
+        return router.tau
+    # not router.tau's dtype (reading it would guard the buffer), nor logits.new_ones (a second user of the logits
+    # would keep passes/router_lowering.py from fusing the decision)
+    return torch.ones((), dtype=torch.float32, device=logits.device)
