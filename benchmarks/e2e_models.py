@@ -100,11 +100,13 @@ def build_models(name: str, device: torch.device, dtype: torch.dtype, *, layers:
 def snapshot_masks(wide: nn.Module) -> dict[tuple[int, str], torch.Tensor]:
     """The realized masks of the last forward as bool copies (read right after the call: CUDA-graph outputs are
     overwritten by the next replay)."""
-    return {b.key: b.mask.detach().bool().clone() for b in get_state(wide).blocks if b.mask is not None}
+    return {key: mask.detach().bool().clone() for key, mask in wide_compile.realized_masks(wide).items()}
 
 
 def clear_masks(wide: nn.Module) -> None:
-    for block in get_state(wide).blocks:
+    state = get_state(wide)
+    state.packed_masks = None
+    for block in state.blocks:
         block.mask = None
 
 

@@ -1,20 +1,20 @@
 """Host work of one compiled decode call, dense vs WIDE (CPU, a random tiny Llama; no GPU needed).
 
 What a compiled call does on the host besides running its graph grows with the WIDE model: Dynamo's guard tree
-(the routers' tensors, the pre-hooks and their attributes), the graph's inputs (every router tensor) and outputs
-(each block's mask, kept for ``realized_masks``). This measures, per variant:
+(the routers' tensors, the pre-hooks and their attributes), the graph's inputs (every router parameter) and outputs
+(the masks kept for ``realized_masks``: one tensor since ``passes/mask_packing.py``, one per block before). This
+measures, per variant:
 
-- ``guard_nodes``: lines of the guard tree of the compiled frame (``torch._dynamo`` cache entry);
+- ``guard_nodes``: lines of the guard tree of the compiled frame (``torch._dynamo`` cache entry), and
+  ``diff_guard_sources``: the sources whose guards ``skip_guard_eval_unsafe`` still checks (tensor guards of
+  buffers and inputs; 235 for the WIDE model before ``decisions._temperature`` kept the routers' temperature buffers
+  out of inference graphs, 48 for the dense one);
 - ``graph_inputs`` / ``graph_outputs``: of the captured graph (a counting backend);
 - ``outside_graph_us`` / ``cache_lookup_us``: under ``torch.profiler``, per call, the compiled region's CPU time
   minus its compiled-graph call, and Dynamo's cache lookup (guard check), with the default stance and with
   ``skip_guard_eval_unsafe``. Profiler times are inflated; compare the variants, not the absolute values.
 
-``--clear-masks`` (an experiment, not library behaviour): the WIDE model's mask pre-hooks set ``block.mask = None``
-after using it, so the graph no longer returns the masks (and ``realized_masks`` is empty after a call); the WIDE
-variant is measured that way as ``wide_masks_cleared``.
-
-Usage: ``python benchmarks/host_overhead.py [--layers 8] [--clear-masks] [--out FILE]`` (default
+Usage: ``python benchmarks/host_overhead.py [--layers 8] [--out FILE]`` (default
 ``benchmarks/results/host_overhead_cpu.json``)
 """
 
@@ -107,29 +107,16 @@ def measure(model, variant: str) -> dict:
             run.step(i)
     entries = cache_entries(model)
     guard_nodes = sum(str(e.guard_manager).count("\n") for e in entries)
+    diff_sources = sum(len(getattr(e.guard_manager, "diff_guard_sources", ())) for e in entries)
     return {"graph_inputs": inputs, "graph_outputs": outputs, "cache_entries": len(entries),
-            "guard_nodes": guard_nodes, "default_stance": profiled_host_us(run, False),
+            "guard_nodes": guard_nodes, "diff_guard_sources": diff_sources,
+            "default_stance": profiled_host_us(run, False),
             "skip_guard_eval": profiled_host_us(run, True)}
-
-
-def clear_masks_after_use() -> None:
-    """Patch the mask pre-hook so that each block forgets its mask once the projection has used it."""
-    from wide_compile.passes import router_insertion
-
-    use = router_insertion.MaskHook.__call__
-
-    def use_and_clear(self, module, args, kwargs):
-        result = use(self, module, args, kwargs)
-        self.block.mask = None
-        return result
-
-    router_insertion.MaskHook.__call__ = use_and_clear
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--clear-masks", action="store_true", help="also measure WIDE with masks not kept (experiment)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "host_overhead_cpu.json"))
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -141,10 +128,6 @@ def main() -> None:
     for variant, model in (("dense", models.dense), ("wide", models.wide)):
         result[variant] = measure(model, variant)
         print(variant, json.dumps(result[variant]), flush=True)
-    if args.clear_masks:
-        clear_masks_after_use()
-        result["wide_masks_cleared"] = measure(models.wide, "wide")
-        print("wide_masks_cleared", json.dumps(result["wide_masks_cleared"]), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

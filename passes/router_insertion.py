@@ -3,7 +3,8 @@
 The model stays a normal HF model (``generate``, ``save_pretrained``, PEFT): routers are registered as
 ``<layer>.wide_routers.{attention,mlp}``; a pre-hook on each router-source module (usually the norm) runs
 the router on the residual and stores the block's mask; a pre-hook on the output / down projection masks
-its input with ``wide::group_mask``. Under ``torch.compile`` these hooks trace into ``wide::`` nodes.
+its input with ``wide::group_mask``; the last block's one then joins the masks of the forward into one tensor
+(``mask_packing``). Under ``torch.compile`` these hooks trace into ``wide::`` nodes.
 If PEFT replaces a hooked projection (LoRA), the hook moves to the replacement on the next eager forward,
 so base and adapter paths both see the masked input.
 """
@@ -21,6 +22,7 @@ from wide_compile.models.router import GroupRouter
 from wide_compile.state import ROUTERS_ATTR, STATE_ATTR, RoutedBlock, WideState
 
 from .blocks import ModelBlueprint
+from .mask_packing import pack_masks, packed_mask
 from .routing_plan import plan_blocks
 
 
@@ -57,6 +59,8 @@ class RouteHook:
         state = self.state
         if not torch.compiler.is_compiling():
             _rebind(state, self.targets)
+        if self.blocks[0] is state.blocks[0]:
+            state.packed_masks = None  # a new forward: the last one's masks are gone
         for block in self.blocks:
             if x.shape[-1] != block.router.hidden:
                 raise RuntimeError(
@@ -72,13 +76,13 @@ class RouteHook:
 class MaskHook:
     """Pre-hook on an output / down projection: zero each token's inactive groups of its input."""
 
-    def __init__(self, block: RoutedBlock):
-        self.block = block
+    def __init__(self, block: RoutedBlock, state: WideState):
+        self.block, self.state = block, state
 
     def __call__(self, module, args, kwargs):
         block = self.block
         x = _first_tensor(args, kwargs, block.target_path)
-        mask = block.mask
+        mask = block.mask if block.mask is not None else packed_mask(self.state, block)
         if mask is None:
             raise RuntimeError(f"wide_compile: {block.target_path} ran before the router of its block")
         rows = x.shape[:-1]
@@ -88,6 +92,8 @@ class MaskHook:
                 f"{block.target_path}"
             )
         masked = torch.ops.wide.group_mask(x, mask.reshape(*rows, block.groups), block.group_width)
+        if block is self.state.blocks[-1]:  # the forward's last masked projection: one tensor for all masks
+            pack_masks(self.state)
         if args:
             return (masked, *args[1:]), kwargs
         key = "hidden_states" if "hidden_states" in kwargs else "input"
@@ -121,7 +127,7 @@ def install(model: nn.Module, blueprint: ModelBlueprint, config: WideConfig,
         for layer_path in dict.fromkeys(b.layer_path for b in blocks):
             routers = nn.ModuleDict({b.kind: b.router for b in blocks if b.layer_path == layer_path})
             model.get_submodule(layer_path).add_module(ROUTERS_ATTR, routers)
-        targets = {b.target_path: HookEntry(b.target_path, None, MaskHook(b)) for b in blocks}
+        targets = {b.target_path: HookEntry(b.target_path, None, MaskHook(b, state)) for b in blocks}
         for entry in targets.values():
             entry.bind(model.get_submodule(entry.path))
         state.hooks.extend(targets.values())

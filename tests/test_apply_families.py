@@ -76,9 +76,11 @@ def test_router_decisions_follow_logits_and_are_recorded(family_pair):
     with torch.no_grad():
         wide(ids)
     state = wide_compile.state.get_state(wide)
+    masks = wide_compile.realized_masks(wide)
+    assert set(masks) == {block.key for block in state.blocks}
     for block in state.blocks:
-        assert block.mask is not None and block.mask.shape[-1] == block.groups
-        assert set(block.mask.unique().tolist()) <= {0.0, 1.0}
+        assert masks[block.key].shape[-1] == block.groups
+        assert set(masks[block.key].unique().tolist()) <= {0.0, 1.0}
     rates = wide_compile.skip_rates(wide)
     assert 0.0 <= rates["mean"] <= 1.0 and set(rates) >= {"attention", "mlp", "blocks"}
 

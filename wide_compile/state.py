@@ -62,6 +62,10 @@ class WideState:
     forced: Forced | None = None
     meter: SkipRateMeter | None = None
     hooks: list = field(default_factory=list)  # (path, module, handle, hook, kind)
+    # The masks of the last forward, joined along the group axis when the forward ends (``passes.mask_packing``):
+    # ``[..., sum of groups]``, block ``key``'s columns at ``mask_layout[key] = (start, groups)``.
+    packed_masks: Tensor | None = field(default=None, repr=False)
+    mask_layout: tuple = ()
 
     def block(self, layer_index: int, kind: str) -> RoutedBlock:
         for block in self.blocks:
@@ -99,8 +103,15 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def realized_masks(model: nn.Module) -> dict[tuple[int, str], Tensor]:
-    """The masks of the last forward, keyed by ``(layer_index, "attention" | "mlp")``."""
-    return {b.key: b.mask for b in get_state(model).blocks if b.mask is not None}
+    """The masks of the last forward, keyed by ``(layer_index, "attention" | "mlp")``, each ``[..., groups]``
+    (views of one tensor when the forward ran through the model's own call, see ``passes.mask_packing``)."""
+    state = get_state(model)
+    masks = {}
+    if state.packed_masks is not None:
+        for key, start, groups in state.mask_layout:
+            masks[key] = state.packed_masks[..., start:start + groups]
+    masks.update({b.key: b.mask for b in state.blocks if b.mask is not None})  # a forward of a part of the model
+    return masks
 
 
 def skip_rate_tensors(model: nn.Module) -> dict[str, Tensor]:
@@ -109,9 +120,8 @@ def skip_rate_tensors(model: nn.Module) -> dict[str, Tensor]:
     ``mean`` averages the attention and MLP rates (each a mean over its layers), as the WIDE loss does.
     """
     per_kind: dict[str, list[Tensor]] = {}
-    for block in get_state(model).blocks:
-        if block.mask is not None:
-            per_kind.setdefault(block.kind, []).append(1.0 - block.mask.float().mean())
+    for (_, kind), mask in realized_masks(model).items():
+        per_kind.setdefault(kind, []).append(1.0 - mask.float().mean())
     if not per_kind:
         raise RuntimeError("no realized masks yet: run a forward pass first")
     rates = {kind: torch.stack(v).mean() for kind, v in per_kind.items()}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from wide_compile.state import get_state, skip_rate_tensors
+from wide_compile.state import realized_masks, skip_rate_tensors
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,11 @@ def realized_skip_rates(model: nn.Module, token_mask: Tensor | None = None) -> d
         return skip_rate_tensors(model)
     per_kind: dict[str, list[Tensor]] = {}
     weights = token_mask.float()
-    for block in get_state(model).blocks:
-        if block.mask is None:
-            continue
-        mask = block.mask.float().reshape(*weights.shape, block.groups)
-        executed = (mask * weights[..., None]).sum() / (weights.sum() * block.groups).clamp_min(1.0)
-        per_kind.setdefault(block.kind, []).append(1.0 - executed)
+    for (_, kind), mask in realized_masks(model).items():
+        groups = mask.shape[-1]
+        mask = mask.float().reshape(*weights.shape, groups)
+        executed = (mask * weights[..., None]).sum() / (weights.sum() * groups).clamp_min(1.0)
+        per_kind.setdefault(kind, []).append(1.0 - executed)
     if not per_kind:
         raise RuntimeError("no realized masks yet: run a forward pass first")
     rates = {kind: torch.stack(v).mean() for kind, v in per_kind.items()}
