@@ -104,10 +104,11 @@ if HAS_TRITON:
     @triton.jit
     def tail_part(count, tile_start, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr):
         """Rows of a partly active tile that run the K loop: the smallest of ``BLOCK_M // TAIL_SPLIT``, ...,
-        ``BLOCK_M // 2`` (at least 16, ``tl.dot``'s minimum) holding the active ones, else ``BLOCK_M``."""
+        ``BLOCK_M // 2`` (at least 16, ``tl.dot``'s minimum) holding the active ones, else ``BLOCK_M``. Callers put
+        each smaller size's code under the same compile-time conditions."""
         rem = count - tile_start
         part = rem * 0 + BLOCK_M
-        if TAIL_SPLIT >= 2:
+        if TAIL_SPLIT >= 2 and BLOCK_M // 2 >= 16:
             part = tl.where(rem <= BLOCK_M // 2, BLOCK_M // 2, part)
         if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:
             part = tl.where(rem <= BLOCK_M // 4, BLOCK_M // 4, part)

@@ -17,21 +17,21 @@ places. An explicit ``config={"TMA": True}`` on weights TMA cannot take raises.
 
 ``TAIL_SPLIT`` (config key, ``tail_split.py``; 2 in the TMA defaults): a group's last tile with at most half (with 4:
 also a quarter) of its rows active runs the K loop on that many rows and stores zeros for the rest. H200, 50% random
-masks, µs, median of 7 interleaved rounds, whole tiles -> halves (``benchmarks/results/kernels_linear_sweep_half_tail.json``):
-1024 tokens 225.5 -> 224.8, 2048 462.3 -> 432.6, 4096 900.5 -> 822.2, 16384 3384.0 -> 3309.7 (an earlier call:
-``kernels_linear_sweep_half_tail_gate_up.json``). Only ~1.5% of the rows at 4096 tokens are padding that this removes;
-why the gain is larger was not examined.
+masks, µs, median of 7 interleaved rounds, whole tiles -> halves
+(``benchmarks/results/kernels_linear_sweep_half_tail.json``): 1024 tokens 225.5 -> 224.8, 2048 462.3 -> 432.6, 4096
+900.5 -> 822.2, 16384 3384.0 -> 3309.7 (an earlier call: ``kernels_linear_sweep_half_tail_gate_up.json``). Only ~1.5%
+of the rows at 4096 tokens are padding that this removes; why the gain is larger was not examined.
 
-``WARP_SPECIALIZE`` (config key, off by default; no effect on the H200 with Triton 3.6, notes_linear.md): the K loop as ``tl.range(...,
-warp_specialize=True)``, Triton's automatic warp specialisation (producer warps for the loads, consumer warps for the
-MMAs), for the sweep ``benchmarks/kernels_linear.py --sweep-gate-up-tiles``.
+``WARP_SPECIALIZE`` (config key, off by default; no effect on the H200 with Triton 3.6, ``notes_linear.md``): the K
+loop as ``tl.range(..., warp_specialize=True)``, Triton's automatic warp specialisation (producer warps for the loads,
+consumer warps for the MMAs), for the sweep ``benchmarks/kernels_linear.py --sweep-gate-up-tiles``.
 """
 from __future__ import annotations
 
 import torch
 
-from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2, output_group_tile,
-                            tail_part, tail_rows)
+from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2,
+                            output_group_tile, tail_part, tail_rows)
 from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
 from .tail_split import tail_split
@@ -130,9 +130,10 @@ if HAS_TRITON:
                            out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
                            WARP_SPECIALIZE)
         elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
-            _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
-                           rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, ACTIVATION, BLOCK_K,
-                           EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+            if BLOCK_M // 2 >= 16:
+                _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
+                               rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, ACTIVATION, BLOCK_K,
+                               EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
         else:
             if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
                 _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,

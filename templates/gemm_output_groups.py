@@ -117,9 +117,10 @@ if HAS_TRITON:
                                K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
                                WARP_SPECIALIZE)
         elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
-            _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows,
-                               offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, HAS_BIAS, BLOCK_K,
-                               EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+            if BLOCK_M // 2 >= 16:
+                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows,
+                                   offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, HAS_BIAS, BLOCK_K,
+                                   EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
         else:
             if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
                 _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows,
