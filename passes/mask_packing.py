@@ -3,16 +3,15 @@
 During a forward each routed block keeps its mask on ``block.mask``: the router's pre-hook writes it, the masked
 projection's pre-hook reads it. After the last routed block's projection has read its mask, :func:`pack_masks`
 joins all of them along the group axis into ``state.packed_masks`` ``[..., sum of groups]`` and clears
-``block.mask``; ``wide_compile.realized_masks`` returns views of it. Under ``torch.compile`` each Python attribute
+``block.mask``; ``WideState.packed`` and ``wide_compile.realized_masks`` return views of it. Under ``torch.compile`` each Python attribute
 written in the graph is a graph output: one mask per routed block before (60 for SmolLM2's 30 layers, each rebuilt
 by the CUDA-graph runtime on every call), now one. Masks whose leading shapes or dtypes differ stay on the blocks.
 """
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
-from wide_compile.state import RoutedBlock, WideState
+from wide_compile.state import WideState
 
 
 def pack_masks(state: WideState) -> None:
@@ -33,14 +32,4 @@ def pack_masks(state: WideState) -> None:
         block.mask = None
 
 
-def packed_mask(state: WideState, block: RoutedBlock) -> Tensor | None:
-    """``block``'s columns of ``state.packed_masks``, or None."""
-    if state.packed_masks is None:
-        return None
-    for key, start, groups in state.mask_layout:
-        if key == block.key:
-            return state.packed_masks[..., start:start + groups]
-    return None
-
-
-__all__ = ["pack_masks", "packed_mask"]
+__all__ = ["pack_masks"]

@@ -22,7 +22,7 @@ from wide_compile.models.router import GroupRouter
 from wide_compile.state import ROUTERS_ATTR, STATE_ATTR, RoutedBlock, WideState
 
 from .blocks import ModelBlueprint
-from .mask_packing import pack_masks, packed_mask
+from .mask_packing import pack_masks
 from .routing_plan import plan_blocks
 
 
@@ -82,7 +82,7 @@ class MaskHook:
     def __call__(self, module, args, kwargs):
         block = self.block
         x = _first_tensor(args, kwargs, block.target_path)
-        mask = block.mask if block.mask is not None else packed_mask(self.state, block)
+        mask = block.mask if block.mask is not None else self.state.packed(block.key)
         if mask is None:
             raise RuntimeError(f"wide_compile: {block.target_path} ran before the router of its block")
         rows = x.shape[:-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import wide_compile
-from wide_compile.passes.mask_packing import pack_masks, packed_mask
+from wide_compile.passes.mask_packing import pack_masks
 from wide_compile.state import get_state
 from wide_compile.testing.tiny_models import tiny_model
 
@@ -29,7 +29,7 @@ def test_forward_leaves_one_packed_tensor_and_views_of_it():
         view = masks[block.key]
         assert view.shape == (*IDS.shape, block.groups) and view.untyped_storage().data_ptr() == \
             state.packed_masks.untyped_storage().data_ptr()
-        assert torch.equal(packed_mask(state, block), view)
+        assert torch.equal(state.packed(block.key), view)
 
 
 def test_compiled_forward_returns_the_logits_and_one_mask_tensor():

@@ -67,6 +67,14 @@ class WideState:
     packed_masks: Tensor | None = field(default=None, repr=False)
     mask_layout: tuple = ()
 
+    def packed(self, key: tuple[int, str]) -> Tensor | None:
+        """Block ``key``'s columns of ``packed_masks`` (a view), or None."""
+        if self.packed_masks is not None:
+            for packed_key, start, groups in self.mask_layout:
+                if packed_key == key:
+                    return self.packed_masks[..., start:start + groups]
+        return None
+
     def block(self, layer_index: int, kind: str) -> RoutedBlock:
         for block in self.blocks:
             if block.layer_index == layer_index and block.kind == kind:
@@ -106,10 +114,7 @@ def realized_masks(model: nn.Module) -> dict[tuple[int, str], Tensor]:
     """The masks of the last forward, keyed by ``(layer_index, "attention" | "mlp")``, each ``[..., groups]``
     (views of one tensor when the forward ran through the model's own call, see ``passes.mask_packing``)."""
     state = get_state(model)
-    masks = {}
-    if state.packed_masks is not None:
-        for key, start, groups in state.mask_layout:
-            masks[key] = state.packed_masks[..., start:start + groups]
+    masks = {key: state.packed(key) for key, _, _ in state.mask_layout} if state.packed_masks is not None else {}
     masks.update({b.key: b.mask for b in state.blocks if b.mask is not None})  # a forward of a part of the model
     return masks
 
