@@ -63,7 +63,7 @@ class WideState:
     meter: SkipRateMeter | None = None
     hooks: list = field(default_factory=list)  # (path, module, handle, hook, kind)
     # The masks of the last forward, joined along the group axis when the forward ends (``passes.mask_packing``):
-    # ``[..., sum of groups]``, block ``key``'s columns at ``mask_layout[key] = (start, groups)``.
+    # ``[..., sum of groups]``; ``mask_layout`` holds ``(key, start, groups)`` per packed block (see ``packed``).
     packed_masks: Tensor | None = field(default=None, repr=False)
     mask_layout: tuple = ()
 
