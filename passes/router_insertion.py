@@ -11,6 +11,7 @@ so base and adapter paths both see the masked input.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from wide_compile.config import WideConfig
 from wide_compile.decisions import decide
 from wide_compile.models.router import GroupRouter
 from wide_compile.state import ROUTERS_ATTR, STATE_ATTR, RoutedBlock, WideState
+from wide_compile.state_registry import live_state
 
 from .blocks import ModelBlueprint
 from .mask_packing import pack_masks
@@ -47,21 +49,47 @@ def _first_tensor(args, kwargs, where: str) -> torch.Tensor:
     return x
 
 
-class RouteHook:
+class _StateHook:
+    """A hook that reaches its model's state through ``state_registry`` by key, never by attribute (one source
+    for every hook under ``torch.compile``; see ``wide_compile.state_registry``)."""
+
+    state_key: int
+
+    @property
+    def state(self) -> WideState:
+        return live_state(self.state_key)
+
+    def __deepcopy__(self, memo: dict):
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for name, value in vars(self).items():
+            if name != "state_key":
+                setattr(new, name, copy.deepcopy(value, memo))
+        new.state_key = copy.deepcopy(self.state, memo).registry_key  # the copied model's state
+        return new
+
+
+class RouteHook(_StateHook):
     """Pre-hook on a router-source module: run the routers of its blocks on the residual."""
 
-    def __init__(self, state: WideState, blocks: list[RoutedBlock], source: str, targets: list[HookEntry]):
-        self.state, self.blocks, self.source = state, blocks, source
+    def __init__(self, state: WideState, block_indices: list[int], source: str, targets: list[HookEntry]):
+        self.state_key, self.block_indices, self.source = state.registry_key, tuple(block_indices), source
+        self.starts_forward = self.block_indices[0] == 0  # the forward's first routed block
         self.targets = targets  # the mask hooks of these blocks, re-bound if PEFT replaced their module
+
+    @property
+    def blocks(self) -> list[RoutedBlock]:
+        return [self.state.blocks[i] for i in self.block_indices]
 
     def __call__(self, module, args, kwargs):
         x = _first_tensor(args, kwargs, self.source)
-        state = self.state
+        state = live_state(self.state_key)
         if not torch.compiler.is_compiling():
             _rebind(state, self.targets)
-        if self.blocks[0] is state.blocks[0]:
+        if self.starts_forward:
             state.packed_masks = None  # a new forward: the last one's masks are gone
-        for block in self.blocks:
+        for index in self.block_indices:
+            block = state.blocks[index]
             if x.shape[-1] != block.router.hidden:
                 raise RuntimeError(
                     f"wide_compile: router input at {self.source} has {x.shape[-1]} features, expected "
@@ -73,16 +101,22 @@ class RouteHook:
         return None
 
 
-class MaskHook:
+class MaskHook(_StateHook):
     """Pre-hook on an output / down projection: zero each token's inactive groups of its input."""
 
-    def __init__(self, block: RoutedBlock, state: WideState):
-        self.block, self.state = block, state
+    def __init__(self, state: WideState, block_index: int):
+        self.state_key, self.block_index = state.registry_key, block_index
+        self.ends_forward = block_index == len(state.blocks) - 1  # the forward's last masked projection
+
+    @property
+    def block(self) -> RoutedBlock:
+        return self.state.blocks[self.block_index]
 
     def __call__(self, module, args, kwargs):
-        block = self.block
+        state = live_state(self.state_key)
+        block = state.blocks[self.block_index]
         x = _first_tensor(args, kwargs, block.target_path)
-        mask = block.mask if block.mask is not None else self.state.packed(block.key)
+        mask = block.mask if block.mask is not None else state.packed(block.key)
         if mask is None:
             raise RuntimeError(f"wide_compile: {block.target_path} ran before the router of its block")
         rows = x.shape[:-1]
@@ -92,8 +126,8 @@ class MaskHook:
                 f"{block.target_path}"
             )
         masked = torch.ops.wide.group_mask(x, mask.reshape(*rows, block.groups), block.group_width)
-        if block is self.state.blocks[-1]:  # the forward's last masked projection: one tensor for all masks
-            pack_masks(self.state)
+        if self.ends_forward:  # one tensor for all masks of the forward
+            pack_masks(state)
         if args:
             return (masked, *args[1:]), kwargs
         key = "hidden_states" if "hidden_states" in kwargs else "input"
@@ -127,13 +161,13 @@ def install(model: nn.Module, blueprint: ModelBlueprint, config: WideConfig,
         for layer_path in dict.fromkeys(b.layer_path for b in blocks):
             routers = nn.ModuleDict({b.kind: b.router for b in blocks if b.layer_path == layer_path})
             model.get_submodule(layer_path).add_module(ROUTERS_ATTR, routers)
-        targets = {b.target_path: HookEntry(b.target_path, None, MaskHook(b, state)) for b in blocks}
+        targets = {b.target_path: HookEntry(b.target_path, None, MaskHook(state, i)) for i, b in enumerate(blocks)}
         for entry in targets.values():
             entry.bind(model.get_submodule(entry.path))
         state.hooks.extend(targets.values())
         for source in dict.fromkeys(b.source_path for b in blocks):
-            routed = [b for b in blocks if b.source_path == source]
-            hook = RouteHook(state, routed, source, [targets[b.target_path] for b in routed])
+            routed = [i for i, b in enumerate(blocks) if b.source_path == source]
+            hook = RouteHook(state, routed, source, [targets[blocks[i].target_path] for i in routed])
             entry = HookEntry(source, None, hook)
             entry.bind(model.get_submodule(source))
             state.hooks.append(entry)

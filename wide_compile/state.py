@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor, nn
 
 from .config import WideConfig
+from .state_registry import register
 
 STATE_ATTR = "_wide_state"
 ROUTERS_ATTR = "wide_routers"
@@ -66,6 +68,19 @@ class WideState:
     # ``[..., sum of groups]``; ``mask_layout`` holds ``(key, start, groups)`` per packed block (see ``packed``).
     packed_masks: Tensor | None = field(default=None, repr=False)
     mask_layout: tuple = ()
+    registry_key: int = field(default=-1, repr=False)  # its entry in ``state_registry`` (what the hooks hold)
+
+    def __post_init__(self) -> None:
+        self.registry_key = register(self)
+
+    def __deepcopy__(self, memo: dict) -> WideState:
+        new = object.__new__(type(self))
+        memo[id(self)] = new  # before the fields (root -> hooks -> this state), and registered: hooks copy the key
+        new.registry_key = register(new)
+        for f in fields(self):
+            if f.name != "registry_key":
+                setattr(new, f.name, copy.deepcopy(getattr(self, f.name), memo))
+        return new
 
     def packed(self, key: tuple[int, str]) -> Tensor | None:
         """Block ``key``'s columns of ``packed_masks`` (a view), or None."""

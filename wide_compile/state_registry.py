@@ -1,0 +1,46 @@
+"""Where the routing hooks find their model's :class:`~wide_compile.state.WideState`: one module-level registry.
+
+Under ``torch.compile`` Dynamo guards every *duplicate* route to one Python object: when the same object is reached
+through two different sources of the same kind (two local attribute chains), it adds a guard ``a is b`` that
+``skip_guard_eval_unsafe`` still runs on every call, evaluated in Python over both chains. With a strong ``state``
+attribute on each of a model's hooks (and the routed blocks reached both from a hook and from ``state.blocks``), the
+8B model's call carried a few hundred such guards, each walking
+``L['args'][0]._modules['model']._modules['layers']._modules['7']._forward_pre_hooks[...]...``; its cache lookup
+took about three times the dense model's.
+
+Hooks therefore keep only an integer key, and reach the state (and through it, the blocks) through
+:func:`live_state`, a global: one source for every hook, no duplicate-route guards. The registry holds weak
+references, so it keeps no model alive; a state registers itself on creation and on ``copy.deepcopy``
+(:meth:`WideState.__deepcopy__`), so a copied model's hooks point at the copy's state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .state import WideState
+
+_LIVE_STATES: dict[int, weakref.ReferenceType] = {}
+_KEYS = itertools.count()
+
+
+def register(state: WideState) -> int:
+    """Give ``state`` a new key in the registry (dropped when the state is garbage-collected)."""
+    key = next(_KEYS)
+    _LIVE_STATES[key] = weakref.ref(state, lambda _ref, key=key: _LIVE_STATES.pop(key, None))
+    return key
+
+
+def live_state(key: int) -> WideState:
+    """The state registered under ``key``; a clear error if its model is gone."""
+    ref = _LIVE_STATES.get(key)
+    state = ref() if ref is not None else None
+    if state is None:
+        raise RuntimeError(f"wide_compile: the WIDE state {key} of this hook no longer exists (its model was freed)")
+    return state
+
+
+__all__ = ["live_state", "register"]
