@@ -114,6 +114,17 @@ EPILOGUE_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 1024), (4096,
                    (576, 3, 4096), (576, 12, 1024), (4096, 112, 32), (576, 12, 32))
 
 
+TILE_SHAPES = ((4096, 112, 4096), (4096, 8, 4096))
+
+
+def tile_configs(hidden: int, m: int) -> list[dict]:
+    """Token tile, K step, explicit SPLIT (1-8 programs per tile), stages, on today's kernel (two-part W_in split,
+    one 3xTF32 epilogue product); 8 warps for 128-token tiles, 4 below."""
+    return [dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=8 if bm == 128 else 4, num_stages=st, SPLIT=sp)
+            for bm in (32, 64, 128) for bk in (64, 128, 256) for sp in (1, 2, 4, 8) for st in (3, 4)
+            if (sp - 1) * bk < hidden and bm * bk <= 128 * 128]
+
+
 def epilogue_configs(hidden: int, m: int) -> list[dict]:
     """The epilogue's forms (two products or one on the logit difference; fp32 FMA or 3xTF32) and group chunk, on
     the default token tile / K step / split."""
@@ -205,6 +216,8 @@ def main() -> None:
                         "group chunk (kernels_router_sweep_epilogue.json)")
     parser.add_argument("--sweep-parts", action="store_true", help="only a sweep of W_in's split in two or three "
                         "parts at the prefill shapes (kernels_router_sweep_parts.json)")
+    parser.add_argument("--sweep-tiles", action="store_true", help="only a sweep of token tile / K step / explicit "
+                        "split / stages at 4096 tokens, H = 4096 (kernels_router_sweep_tiles.json)")
     parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
                         "one-token form (kernels_router_one_token.json)")
     args = parser.parse_args()
@@ -212,7 +225,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     flags = (" --one-token" if args.one_token else " --sweep-epilogue" if args.sweep_epilogue
              else " --sweep-parts" if args.sweep_parts else " --sweep-prefill" if args.sweep_prefill
-             else " --sweep-small" if args.sweep_small else " --sweep-decode" if args.sweep_decode else "")
+             else " --sweep-small" if args.sweep_small else " --sweep-tiles" if args.sweep_tiles else " --sweep-decode" if args.sweep_decode else "")
     meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out}{flags}",
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -223,6 +236,9 @@ def main() -> None:
     if args.sweep_small:
         sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_small.json"), meta, SMALL_SHAPES,
                       small_configs)
+        return
+    if args.sweep_tiles:
+        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_tiles.json"), meta, TILE_SHAPES, tile_configs)
         return
     if args.sweep_epilogue:
         sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_epilogue.json"), meta, EPILOGUE_SHAPES,

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .list_scan import scan_launch
+
 __all__ = ["compact_active_rows", "compact_active_rows_reference"]
 
 
@@ -37,15 +39,16 @@ def _compact_kernel(
     tl.store(COUNT + bg, n_active)
 
 
-def compact_active_rows(head_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(order[B, G, T] int32, count[B, G] int32)`` for ``head_mask[B, T, G]`` (nonzero = active)."""
+def compact_active_rows(head_mask: torch.Tensor, scan: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(order[B, G, T] int32, count[B, G] int32)`` for ``head_mask[B, T, G]`` (nonzero = active).
+    ``scan``: ``{"max_block": ..., "num_warps": ...}`` overrides of :func:`list_scan.scan_launch` (benchmarks)."""
     batch, q_len, groups = head_mask.shape
     mask = head_mask.view(torch.uint8) if head_mask.dtype == torch.bool else head_mask
     order = torch.empty((batch, groups, q_len), dtype=torch.int32, device=head_mask.device)
     count = torch.empty((batch, groups), dtype=torch.int32, device=head_mask.device)
-    block = min(1024, max(32, triton.next_power_of_2(q_len)))
     _compact_kernel[(batch * groups,)](
-        mask, order, count, mask.stride(0), mask.stride(1), mask.stride(2), groups, q_len, BLOCK=block, num_warps=4
+        mask, order, count, mask.stride(0), mask.stride(1), mask.stride(2), groups, q_len,
+        **scan_launch(q_len, **(scan or {})),
     )
     return order, count
 

@@ -30,6 +30,7 @@ import torch
 
 from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, next_pow2
 from .dependent_launch import pdl_launch
+from .list_scan import scan_launch
 
 DECODE_MAX_TOKENS = 16
 PARTS = ("output", "input", "union")
@@ -199,14 +200,15 @@ def tile_group_lists_torch(
 
 
 # ----------------------------------------------------------------------------------------- builders
-def _group_token_lists(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_token_lists(m: torch.Tensor, scan: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scan``: ``{"max_block": ..., "num_warps": ...}`` overrides of :func:`list_scan.scan_launch` (benchmarks)."""
     if not can_run_triton(m):
         return group_token_lists_torch(m)
     num_tokens, num_groups = m.shape
     tokens = torch.empty(num_groups, num_tokens, dtype=torch.int32, device=m.device)
     counts = torch.empty(num_groups, dtype=torch.int32, device=m.device)
-    block = min(1024, max(32, next_pow2(num_tokens)))
-    _group_token_lists_kernel[(num_groups,)](m, tokens, counts, num_tokens, num_groups, BLOCK=block)
+    _group_token_lists_kernel[(num_groups,)](m, tokens, counts, num_tokens, num_groups,
+                                             **scan_launch(num_tokens, **(scan or {})))
     return tokens, counts
 
 

@@ -118,6 +118,16 @@ def test_compaction_matches_reference(q_len, kind):
     assert torch.equal(order, ref_order)
 
 
+@pytest.mark.parametrize("scan", [{"max_block": 32}, {"max_block": 4096, "num_warps": 8}])
+def test_compaction_is_the_same_for_any_scan_step(scan):
+    """The scan's step size (``templates/list_scan.py``) changes how many steps a row takes, not the order."""
+    gen = torch.Generator().manual_seed(5)
+    head_mask = make_mask("random", 1, 300, 8, gen).to(torch.float32)
+    order, count = attention_compact.compact_active_rows(head_mask, scan)
+    ref_order, ref_count = attention_compact.compact_active_rows_reference(head_mask)
+    assert torch.equal(count, ref_count) and torch.equal(order, ref_order)
+
+
 PREFILL_CASES = [
     # batch, Hq, Hkv, G, T, S, D, causal, dtype, mask
     (1, 4, 1, 1, 37, 37, 16, True, torch.float32, "random"),

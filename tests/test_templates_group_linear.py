@@ -282,6 +282,23 @@ def test_batch_dims_noncontiguous_and_int_mask(k):
     _check(y, ref.input_group_linear_reference(x, w, mask, 32), torch.float32)
 
 
+@pytest.mark.parametrize("scan", [{"max_block": 32}, {"max_block": 2048, "num_warps": 8}])
+def test_group_token_lists_are_the_same_for_any_scan_step(k, scan):
+    """Active tokens ascending then inactive descending, whatever the scan's step (``templates/list_scan.py``)."""
+    gp = k["group_plan"]
+    gen = torch.Generator().manual_seed(3)
+    m = (torch.rand(300, 12, generator=gen) < 0.5).float()
+    tokens, counts = gp._group_token_lists(m, scan)
+    ref_tokens, ref_counts = gp._group_token_lists(m, {"max_block": 1024})
+    assert torch.equal(counts, ref_counts) and torch.equal(tokens, ref_tokens)
+    torch_tokens, torch_counts = gp.group_token_lists_torch(gp.mask_to_u8(m))
+    assert torch.equal(counts, torch_counts)
+    for g in range(12):
+        c = int(counts[g])
+        assert torch.equal(tokens[g, :c], torch_tokens[g, :c])
+        assert torch.equal(tokens[g, c:], torch_tokens[g, c:].flip(0))  # inactive: descending from the back
+
+
 @pytest.mark.parametrize("m", [5, 37, 130])
 def test_plan_tables_match_torch_versions(k, m):
     gp = k["group_plan"]

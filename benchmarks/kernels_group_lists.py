@@ -1,0 +1,77 @@
+"""The per-list scans of a prefill: step size and warps (``templates/list_scan.py``), H200.
+
+Times ``group_plan._group_token_lists`` (per-group token lists of the gate/up and query GEMMs: 112 FFN groups, 8
+attention groups) and ``attention_compact.compact_active_rows`` (the prefill attention's row order, 8 groups) on 50%
+random float masks, for each ``BLOCK`` cap and warp count; each configuration's tables are checked against the
+default's. µs per call: median CUDA-graph replay of 8 calls on distinct masks back to back (the masks are small and
+stay in L2, as the router's freshly written mask does in the model).
+
+Usage: ``python3 benchmarks/kernels_group_lists.py [--out DIR] [--tokens 1024,4096,16384]``
+(writes ``kernels_group_lists.json``)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels_linear import bench_graph  # noqa: E402
+
+from wide_compile.templates.attention_compact import compact_active_rows  # noqa: E402
+from wide_compile.templates.group_plan import _group_token_lists  # noqa: E402
+
+CAPS = (1024, 2048, 4096, 8192)
+WARPS = (4, 8, 16)
+COPIES = 8
+
+
+def configs(tokens: int) -> list[dict]:
+    return [dict(max_block=cap, num_warps=w) for cap in CAPS for w in WARPS if cap <= max(1024, 2 * tokens)]
+
+
+def sweep(tokens: int, groups: int, kind: str, gen: torch.Generator) -> list[dict]:
+    masks = [(torch.rand(tokens, groups, generator=gen) < 0.5).float().cuda() for _ in range(COPIES)]
+    if kind == "lists":
+        call = lambda m, scan=None: _group_token_lists(m, scan)  # noqa: E731
+    else:
+        call = lambda m, scan=None: compact_active_rows(m.unsqueeze(0), scan)  # noqa: E731
+    ref = call(masks[0])
+    default = bench_graph([lambda m=m: call(m) for m in masks])
+    rows = []
+    for cfg in configs(tokens):
+        out = call(masks[0], cfg)
+        same = all(torch.equal(a, b) for a, b in zip(out, ref))
+        us = bench_graph([lambda m=m, cfg=cfg: call(m, cfg) for m in masks])
+        rows.append({"kind": kind, "M": tokens, "G": groups, **cfg, "us": us, "default_us": default, "same": same})
+    best = min(rows, key=lambda r: r["us"])
+    print(f"{kind} M={tokens} G={groups}: default {default:.2f} us; best {best['us']:.2f} us at cap "
+          f"{best['max_block']}, {best['num_warps']} warps; all equal: {all(r['same'] for r in rows)}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--tokens", default="1024,4096,16384")
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    meta = {"command": f"python3 benchmarks/kernels_group_lists.py --out {args.out} --tokens {args.tokens}",
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    rows = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        for kind, groups in (("lists", 112), ("lists", 8), ("compact", 8)):
+            rows += sweep(tokens, groups, kind, gen)
+            with open(os.path.join(args.out, "kernels_group_lists.json"), "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
