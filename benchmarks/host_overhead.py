@@ -9,6 +9,10 @@ measures, per variant:
   ``diff_guard_sources``: the sources whose guards ``skip_guard_eval_unsafe`` still checks (tensor guards of
   buffers and inputs; 235 for the WIDE model before ``decisions._temperature`` kept the routers' temperature buffers
   out of inference graphs, 48 for the dense one);
+- ``diff_identity_guards``: ``a is b`` guards in that diff-guard tree (Dynamo's duplicate-input guards between two
+  attribute chains to one object, evaluated in Python on every call; 32 on a 4-layer WIDE model while the hooks held
+  the state as an attribute; since ``wide_compile/state_registry.py`` as many as the dense model's, transformers' own:
+  9 on 8 layers);
 - ``graph_inputs`` / ``graph_outputs``: of the captured graph (a counting backend);
 - ``outside_graph_us`` / ``cache_lookup_us``: under ``torch.profiler``, per call, the compiled region's CPU time
   minus its compiled-graph call, and Dynamo's cache lookup (guard check), with the default stance and with
@@ -60,6 +64,20 @@ def cache_entries(model) -> list:
     return found
 
 
+def diff_guard_text(entry) -> str:
+    """The printed diff-guard tree of a cache entry (the guards ``skip_guard_eval_unsafe`` still checks), or ''."""
+    manager = entry.guard_manager
+    diff = getattr(manager, "diff_guard_root", None)
+    if diff is None:
+        return ""
+    root = manager.root
+    try:
+        manager.root = diff  # the printer walks ``root``
+        return str(manager)
+    finally:
+        manager.root = root
+
+
 def graph_arity(model) -> tuple[int, int]:
     """(inputs, outputs) of the graph Dynamo captures for one decode step."""
     seen = []
@@ -108,8 +126,10 @@ def measure(model, variant: str) -> dict:
     entries = cache_entries(model)
     guard_nodes = sum(str(e.guard_manager).count("\n") for e in entries)
     diff_sources = sum(len(getattr(e.guard_manager, "diff_guard_sources", ())) for e in entries)
+    identity = sum(1 for e in entries for line in diff_guard_text(e).splitlines()
+                   if "LAMBDA_GUARD" in line and " is " in line.split("#")[0] and "L[" in line)
     return {"graph_inputs": inputs, "graph_outputs": outputs, "cache_entries": len(entries),
-            "guard_nodes": guard_nodes, "diff_guard_sources": diff_sources,
+            "guard_nodes": guard_nodes, "diff_guard_sources": diff_sources, "diff_identity_guards": identity,
             "default_stance": profiled_host_us(run, False),
             "skip_guard_eval": profiled_host_us(run, True)}
 
