@@ -11,7 +11,6 @@ so base and adapter paths both see the masked input.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -59,14 +58,13 @@ class _StateHook:
     def state(self) -> WideState:
         return live_state(self.state_key)
 
-    def __deepcopy__(self, memo: dict):
-        new = copy.copy(self)
-        memo[id(self)] = new
-        for name, value in vars(self).items():
-            if name != "state_key":
-                setattr(new, name, copy.deepcopy(value, memo))
-        new.state_key = copy.deepcopy(self.state, memo).registry_key  # the copied model's state
-        return new
+    def __getstate__(self) -> dict:
+        """Copies and pickles carry the state object itself; ``__setstate__`` turns it into the copy's key."""
+        return {**vars(self), "state_key": live_state(self.state_key)}
+
+    def __setstate__(self, values: dict) -> None:
+        state = values["state_key"]
+        self.__dict__.update(values, state_key=state.registry_key if isinstance(state, WideState) else state)
 
 
 class RouteHook(_StateHook):

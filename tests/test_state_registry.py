@@ -47,3 +47,20 @@ def test_a_freed_model_leaves_the_registry():
     assert key not in _LIVE_STATES
     with pytest.raises(RuntimeError, match="no longer exists"):
         live_state(key)
+
+
+def test_an_unpickled_model_gets_its_own_state():
+    """``pickle`` (``torch.save`` of a whole model) re-registers the state: the copy's hooks do not reach back into
+    the original's state (its key would name another model, or none, in a new process)."""
+    import pickle
+
+    model = _model()
+    clone = pickle.loads(pickle.dumps(model))
+    state, cloned = get_state(model), get_state(clone)
+    assert cloned.registry_key != state.registry_key
+    assert {entry.hook.state_key for entry in cloned.hooks} == {cloned.registry_key}
+    ids = torch.randint(3, 120, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(clone(ids, use_cache=False).logits, model(ids, use_cache=False).logits)
+    assert cloned.packed_masks is not None and cloned.blocks[0].router is clone.get_submodule(
+        cloned.blocks[0].layer_path + ".wide_routers.attention")

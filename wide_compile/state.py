@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -73,14 +72,10 @@ class WideState:
     def __post_init__(self) -> None:
         self.registry_key = register(self)
 
-    def __deepcopy__(self, memo: dict) -> WideState:
-        new = object.__new__(type(self))
-        memo[id(self)] = new  # before the fields (root -> hooks -> this state), and registered: hooks copy the key
-        new.registry_key = register(new)
-        for f in fields(self):
-            if f.name != "registry_key":
-                setattr(new, f.name, copy.deepcopy(getattr(self, f.name), memo))
-        return new
+    def __reduce_ex__(self, protocol):
+        """Copies and unpickled states are registered as they are created (before their fields are filled, which
+        may reach back here through the model's hooks), under a key of their own."""
+        return _registered_state, (), {k: v for k, v in vars(self).items() if k != "registry_key"}
 
     def packed(self, key: tuple[int, str]) -> Tensor | None:
         """Block ``key``'s columns of ``packed_masks`` (a view), or None."""
@@ -95,6 +90,13 @@ class WideState:
             if block.layer_index == layer_index and block.kind == kind:
                 return block
         raise KeyError(f"no routed {kind} block in layer {layer_index}")
+
+
+def _registered_state() -> WideState:
+    """An empty ``WideState`` with a registry key: what ``copy.deepcopy`` and ``pickle`` fill (``__reduce_ex__``)."""
+    state = WideState.__new__(WideState)
+    state.registry_key = register(state)
+    return state
 
 
 def get_state(model: nn.Module) -> WideState:

@@ -11,7 +11,7 @@ took about three times the dense model's.
 Hooks therefore keep only an integer key, and reach the state (and through it, the blocks) through
 :func:`live_state`, a global: one source for every hook, no duplicate-route guards. The registry holds weak
 references, so it keeps no model alive; a state registers itself on creation and on ``copy.deepcopy``
-(:meth:`WideState.__deepcopy__`), so a copied model's hooks point at the copy's state.
+(``WideState.__reduce_ex__``; pickling too), so a copied model's hooks point at the copy's state.
 """
 
 from __future__ import annotations
