@@ -75,10 +75,6 @@ class RouteHook(_StateHook):
         self.starts_forward = self.block_indices[0] == 0  # the forward's first routed block
         self.targets = targets  # the mask hooks of these blocks, re-bound if PEFT replaced their module
 
-    @property
-    def blocks(self) -> list[RoutedBlock]:
-        return [self.state.blocks[i] for i in self.block_indices]
-
     def __call__(self, module, args, kwargs):
         x = _first_tensor(args, kwargs, self.source)
         state = live_state(self.state_key)
