@@ -203,6 +203,12 @@ def one_token(gen: torch.Generator, meta: dict, path: str) -> list[dict]:
     return rows
 
 
+# The "only this sweep" flags: argument name -> (shapes, configurations); results in kernels_router_<name>.json.
+SWEEPS = {"sweep_prefill": (PREFILL_SHAPES, prefill_configs), "sweep_small": (SMALL_SHAPES, small_configs),
+          "sweep_tiles": (TILE_SHAPES, tile_configs), "sweep_epilogue": (EPILOGUE_SHAPES, epilogue_configs),
+          "sweep_parts": (EPILOGUE_SHAPES[:7], parts_configs)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
@@ -223,32 +229,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
-    flags = (" --one-token" if args.one_token else " --sweep-epilogue" if args.sweep_epilogue
-             else " --sweep-parts" if args.sweep_parts else " --sweep-prefill" if args.sweep_prefill
-             else " --sweep-small" if args.sweep_small else " --sweep-tiles" if args.sweep_tiles else " --sweep-decode" if args.sweep_decode else "")
+    only = next((name for name in (*SWEEPS, "one_token") if getattr(args, name)), None)
+    flags = (" --" + only.replace("_", "-") if only else "") + (" --sweep-decode" if args.sweep_decode and not only
+                                                               else "")
     meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out}{flags}",
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     os.makedirs(args.out, exist_ok=True)
-    if args.sweep_prefill:
-        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_prefill.json"), meta)
+    if only in SWEEPS:
+        shapes, configs = SWEEPS[only]
+        sweep_configs(gen, os.path.join(args.out, f"kernels_router_{only}.json"), meta, shapes, configs)
         return
-    if args.sweep_small:
-        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_small.json"), meta, SMALL_SHAPES,
-                      small_configs)
-        return
-    if args.sweep_tiles:
-        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_tiles.json"), meta, TILE_SHAPES, tile_configs)
-        return
-    if args.sweep_epilogue:
-        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_epilogue.json"), meta, EPILOGUE_SHAPES,
-                      epilogue_configs)
-        return
-    if args.sweep_parts:
-        sweep_configs(gen, os.path.join(args.out, "kernels_router_sweep_parts.json"), meta, EPILOGUE_SHAPES[:7],
-                      parts_configs)
-        return
-    if args.one_token:
+    if only == "one_token":
         one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))
         return
     rows = []
