@@ -74,6 +74,7 @@ def realize_rotary_tables(graph: fx.Graph) -> int:
             continue
         with graph.inserting_after(end):
             stored = graph.call_function(torch.ops.wide.realize.default, (end,))
+        stored.meta = dict(end.meta)  # the same value (later passes read its example_value)
         end.replace_all_uses_with(stored, delete_user_cb=lambda user: user is not stored)
         done += 1
     return done

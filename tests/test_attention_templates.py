@@ -503,3 +503,62 @@ def test_head_packing_checks_the_shape():
         attention_prefill.head_pack({"H_PACK": 4}, dims, explicit=True)
     with pytest.raises(ValueError, match="power of two"):
         attention_prefill.head_pack({"H_PACK": 3}, dims, explicit=True)
+
+
+# ------------------------------------------------------------------------------------ the query's rotary embedding
+def rotary_tables(table_batch: int, q_len: int, head_dim: int, dtype, gen: torch.Generator):
+    """HF-style cos / sin tables ``[table_batch, T, D]`` (the two halves repeat), at random positions."""
+    pos = torch.randint(0, 5000, (table_batch, q_len, 1), generator=gen).float()
+    freqs = pos * (10000.0 ** (-torch.arange(0, head_dim, 2).float() / head_dim))
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+ROTARY_CASES = [
+    # batch, Hq, Hkv, G, T, S, D, dtype, head-mask kind, attention-mask kind, table batch
+    (2, 4, 2, 2, 37, 37, 32, torch.float32, "random", None, 1),
+    (2, 8, 2, 2, 40, 70, 16, torch.float16, "clustered", "static_cache", 2),
+    (1, 4, 2, 4, 33, 64, 32, torch.float32, "all", "holes_in_later_rows", 1),  # both passes of the masked kernel
+    (1, 4, 2, 2, 37, 37, 32, torch.float16, "none", None, 1),
+    (1, 4, 1, 2, 3, 70, 16, torch.float32, "random", "static_cache", 1),  # decode: rotated before the kernel
+]
+
+
+@pytest.mark.parametrize("batch,hq,hkv,groups,q_len,kv_len,head_dim,dtype,mask_kind,amask_kind,table_batch",
+                         ROTARY_CASES)
+def test_rotary_query_matches_rotating_first(batch, hq, hkv, groups, q_len, kv_len, head_dim, dtype, mask_kind,
+                                             amask_kind, table_batch):
+    """``rotary=(cos, sin)``: the prefill kernel rotates the query tile as it loads it. The result equals the same
+    kernels on the query rotated by PyTorch first (bit for bit: the same roundings), and the reference."""
+    from wide_compile.templates.attention_rotary import rotate_query_reference
+
+    gen = torch.Generator().manual_seed(q_len * 5 + table_batch)
+    q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, dtype, gen)
+    cos, sin = rotary_tables(table_batch, q_len, head_dim, dtype, gen)
+    head_mask = make_mask(mask_kind, batch, q_len, groups, gen)
+    amask = None if amask_kind is None else attn_mask_of(amask_kind, batch, hq, q_len, kv_len, gen)
+    causal = amask is None
+    out = poisoned(batch, hq, q_len, head_dim, dtype)
+    group_attention(q, k, v, head_mask, causal=causal, out=out, attn_mask=amask, rotary=(cos, sin))
+    rotated = rotate_query_reference(q, cos, sin)
+    first = group_attention(rotated, k, v, head_mask, causal=causal, attn_mask=amask)
+    assert torch.equal(out, first)
+    assert_matches(out, group_attention_reference(rotated, k, v, head_mask, causal=causal, attn_mask=amask),
+                   head_mask, dtype)
+
+
+def test_rotary_tables_are_checked():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = make_inputs(2, 4, 2, 9, 9, 16, torch.float32, gen)
+    head_mask = make_mask("random", 2, 9, 2, gen)
+    cos, sin = rotary_tables(2, 9, 16, torch.float32, gen)
+    for tables, error, match in [((cos[:, :5], sin), ValueError, "rotary cos must be \\[2 or 1, 9, 16\\]"),
+                                 ((cos, sin.half()), TypeError, "rotary sin dtype torch.float16 differs"),
+                                 ((cos[:1].expand(3, 9, 16), sin), ValueError, "rotary cos must be")]:
+        with pytest.raises(error, match=match):
+            group_attention(q, k, v, head_mask, rotary=tables)
+    q_odd = make_inputs(1, 4, 2, 9, 9, 15, torch.float32, gen)[0]
+    with pytest.raises(ValueError, match="even head_dim"):
+        from wide_compile.templates.attention_rotary import rotate_query_reference
+
+        rotate_query_reference(q_odd, cos[:1, :, :15], sin[:1, :, :15])
