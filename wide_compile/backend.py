@@ -47,9 +47,7 @@ Arguments that reach the backend:
   cuBLAS GEMVs) and
   ``"wide.fuse_dense_siblings"`` (bool, default True: each lowered query projection and the dense linears of its
   input, the key and value projections, become one op, one GEMV launch at decode; ``passes/dense_siblings.py``) and
-  ``"wide.fuse_router_norms"`` (bool, default True: in prefill-sized inference graphs each block's residual add,
-  Llama-style RMSNorm and lowered router decision become one ``wide::router_rms_norm`` launch;
-  ``passes/router_norm_fusion.py``) and ``"wide.fuse_query_rope"`` (bool, default True: in prefill-sized inference
+  ``"wide.fuse_query_rope"`` (bool, default True: in prefill-sized inference
   graphs the query's rotary embedding is applied by the lowered attention's prefill kernel as it loads the query,
   ``wide::group_attention_rope``; ``passes/query_rope_fusion.py``).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
@@ -92,7 +90,7 @@ def inductor_defaults() -> dict:
     that importing wide_compile loads neither Inductor nor Triton)."""
     return {**INDUCTOR_DEFAULTS, **cache_key_options()}
 _OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers", "wide.one_token_routers", "wide.fuse_dense_siblings",
-                "wide.fuse_router_norms", "wide.fuse_query_rope")
+                "wide.fuse_query_rope")
 
 
 class WideBackendWarning(UserWarning):
@@ -107,7 +105,6 @@ class BackendSettings:
     fuse_routers: bool = True
     one_token_routers: str = "reduction"
     fuse_dense_siblings: bool = True
-    fuse_router_norms: bool = True
     fuse_query_rope: bool = True
 
 
@@ -123,11 +120,9 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     rewrite, inner = own.get("wide.rewrite", True), own.get("wide.inner", "inductor")
     fuse_routers = own.get("wide.fuse_routers", True)
     siblings = own.get("wide.fuse_dense_siblings", True)
-    router_norms = own.get("wide.fuse_router_norms", True)
     query_rope = own.get("wide.fuse_query_rope", True)
     for name, value in (("wide.rewrite", rewrite), ("wide.fuse_routers", fuse_routers),
-                        ("wide.fuse_dense_siblings", siblings), ("wide.fuse_router_norms", router_norms),
-                        ("wide.fuse_query_rope", query_rope)):
+                        ("wide.fuse_dense_siblings", siblings), ("wide.fuse_query_rope", query_rope)):
         if not isinstance(value, bool):
             raise ValueError(f"wide backend: option {name!r} must be a bool, got {value!r}")
     from wide_compile.passes.router_lowering import ONE_TOKEN_FORMS
@@ -148,8 +143,7 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     if bad:
         raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
     inductor_options = {**inductor_defaults(), **list_mode_options(mode or "default"), **options}
-    return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings, router_norms,
-                           query_rope)
+    return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings, query_rope)
 
 
 _warned_plain = False
@@ -197,7 +191,7 @@ def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None 
     rewrite = settings.rewrite and wide_ops
     result = (lower_wide_patterns(gm, fuse_routers=settings.fuse_routers, one_token_routers=settings.one_token_routers,
                                   dense_siblings=settings.fuse_dense_siblings,
-                                  router_norms=settings.fuse_router_norms, query_rope=settings.fuse_query_rope)
+                                  query_rope=settings.fuse_query_rope)
               if rewrite else LoweringResult())
     compiled = _inner_compile(gm, example_inputs, settings)
     compile_id = torch._guards.CompileContext.current_compile_id()
