@@ -27,9 +27,6 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
    backend option).
 6. The rotary embedding's cos / sin table, when several layers read it: ``wide::realize`` after it, so Inductor
    computes it once per forward instead of inside every layer's RoPE (``rotary_realize``).
-7. The query's rotary embedding before a lowered attention core, in prefill-sized inference graphs:
-   ``group_attention(q * cos + rotate_half(q) * sin, ...)`` -> ``wide::group_attention_rope(q, cos, sin, ...)``,
-   whose prefill kernel rotates each query tile as it loads it (``query_rope_fusion``).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
@@ -53,7 +50,6 @@ from .mask_extents_sharing import share_mask_extents
 from .rotary_realize import realize_rotary_tables
 from .dense_siblings import fuse_dense_siblings
 from .router_lowering import lower_router_decisions
-from .query_rope_fusion import fuse_query_rotations
 from .torch_patterns import (
     activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank, wide_op_name,
 )
@@ -218,16 +214,13 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
 
 
 def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
-                        one_token_routers: str = "reduction", dense_siblings: bool = True,
-                        query_rope: bool = True) -> LoweringResult:
+                        one_token_routers: str = "reduction", dense_siblings: bool = True) -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
     ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the
     token count is in the range where it measured faster, and one-token decisions as ``one_token_routers`` says
-    (``passes/router_lowering.py``). ``dense_siblings``: join each lowered query projection and the dense linears of
-    its input (key, value) into one op (``passes/dense_siblings.py``; inference graphs only). ``query_rope``: last,
-    after the rotary tables are stored, each prefill-sized lowered attention rotates its query itself
-    (``wide::group_attention_rope``, ``passes/query_rope_fusion.py``)."""
+    (``passes/router_lowering.py``). ``dense_siblings``: last, join each lowered query projection and the dense
+    linears of its input (key, value) into one op (``passes/dense_siblings.py``; inference graphs only)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:
@@ -250,12 +243,6 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
     tables = realize_rotary_tables(gm.graph)
     if tables:
         result.stored["rotary tables"] = tables
-    rotations = fuse_query_rotations(gm.graph) if query_rope else 0
-    if rotations:  # each took over a group_attention
-        result.lowered["group_attention_rope"] = rotations
-        left = result.lowered.pop("group_attention", 0) - rotations
-        if left > 0:
-            result.lowered["group_attention"] = left
     gm.graph.lint()
     gm.recompile()
     return result

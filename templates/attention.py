@@ -17,7 +17,6 @@ from .attention_checks import allocate_output, check_attention_inputs, interpret
 from .attention_decode import MAX_DECODE_ROWS, launch_decode
 from .attention_prefill import launch_prefill
 from .attention_reference import group_attention_reference
-from .attention_rotary import kernel_takes_rotary, rotate_query_reference
 
 __all__ = ["group_attention", "MAX_DECODE_TOKENS"]
 
@@ -35,7 +34,6 @@ def group_attention(
     out: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     attn_mask_extents: torch.Tensor | None = None,
-    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Head-group-masked (GQA) attention; returns ``[B, Hq, T, D]``, or ``[B, T, Hq * D]`` with ``merge_heads``.
 
@@ -54,25 +52,18 @@ def group_attention(
         attn_mask_extents: optional row extents of ``attn_mask`` over the S keys
             (``attention_mask_extents.attn_mask_extents(attn_mask, S)``), computed once and shared by every attention
             with the same mask (a model's layers); the prefill kernel computes them itself when they are not given.
-        rotary: optional ``(cos, sin)`` tables ``[B or 1, T, D]``: ``q`` is the query before its rotary embedding,
-            which is applied as HF's ``apply_rotary_pos_emb`` does (``attention_rotary``): by the prefill kernel as it
-            loads the query, otherwise (decode, the reference, a head_dim the kernel does not rotate) first.
     """
     dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask, attn_mask_extents)
     result, view = allocate_output(q, dims, merge_heads, out)
-    prefill = dims.q_len > MAX_DECODE_TOKENS or dims.q_per_kv * dims.q_len > MAX_DECODE_ROWS
-    if rotary is not None and not (prefill and (q.device.type == "cuda" or interpreting())
-                                   and kernel_takes_rotary(dims.head_dim, max(16, 1 << (dims.head_dim - 1).bit_length()))):
-        q, rotary = rotate_query_reference(q, *rotary), None
     if q.device.type != "cuda" and not interpreting():
         view.copy_(group_attention_reference(q, k, v, head_mask, causal=causal, scale=dims.scale,
                                              attn_mask=attn_mask))
         return result
     if dims.q_len == 0:
         return result
-    if not prefill:
+    if dims.q_len <= MAX_DECODE_TOKENS and dims.q_per_kv * dims.q_len <= MAX_DECODE_ROWS:
         launch_decode(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask)
     else:
         launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask,
-                       attn_mask_extents=attn_mask_extents, rotary=rotary)
+                       attn_mask_extents=attn_mask_extents)
     return result

@@ -46,7 +46,6 @@ from .attention_checks import (
 from .attention_compact import compact_active_rows
 from .attention_mask_extents import attn_mask_extents as attn_mask_extents_of
 from .attention_mask_extents import check_attn_mask_extents
-from .attention_rotary import check_rotary_tables, kernel_takes_rotary
 
 __all__ = ["group_attention_prefill"]
 
@@ -162,35 +161,18 @@ def _attend_contiguous_rows(
 
 
 @triton.jit
-def _rotate_query(q, q_ptrs, cos_rows, sin_rows, offs_d, load_mask, HEAD_DIM: tl.constexpr):
-    """``q * cos + rotate_half(q) * sin`` of the loaded tile (``attention_rotary``): the rotated columns re-read from
-    the same rows (L1 / L2), each product and the sum rounded to the query's dtype as PyTorch's 16-bit ops round."""
-    half: tl.constexpr = HEAD_DIM // 2
-    lower = offs_d < half
-    rolled = tl.where(lower, offs_d + half, offs_d - half)
-    q_rot = tl.load(q_ptrs + (rolled - offs_d)[None, :], mask=load_mask, other=0.0).to(tl.float32)
-    q_rot = tl.where(lower[None, :], -q_rot, q_rot)
-    cos = tl.load(cos_rows[:, None] + offs_d[None, :], mask=load_mask, other=0.0).to(tl.float32)
-    sin = tl.load(sin_rows[:, None] + offs_d[None, :], mask=load_mask, other=0.0).to(tl.float32)
-    with_cos = (q.to(tl.float32) * cos).to(q.dtype)
-    with_sin = (q_rot * sin).to(q.dtype)
-    return (with_cos.to(tl.float32) + with_sin.to(tl.float32)).to(q.dtype)
-
-
-@triton.jit
 def _prefill_kernel(
-    Q, K, V, O, ORDER, COUNT, AMASK, EXT, COS, SIN,
+    Q, K, V, O, ORDER, COUNT, AMASK, EXT,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_ot,
     stride_ab, stride_ah, stride_at, stride_as,
     stride_eb, stride_eh, stride_et,
-    stride_rb, stride_rt,
     num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
     TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    H_PACK: tl.constexpr, ROPE: tl.constexpr,
+    H_PACK: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # largest positions first
     bh = tl.program_id(1)
@@ -234,9 +216,6 @@ def _prefill_kernel(
             q_ptrs = Q + b.to(tl.int64) * stride_qb + h[:, None] * stride_qh + rows[:, None].to(tl.int64) * stride_qt \
                 + offs_d[None, :]
             q = tl.load(q_ptrs, mask=store_mask, other=0.0)
-            if ROPE:  # the query's rotary embedding, from the tables' rows at the tile's token indices
-                table_rows = b.to(tl.int64) * stride_rb + rows.to(tl.int64) * stride_rt
-                q = _rotate_query(q, q_ptrs, COS + table_rows, SIN + table_rows, offs_d, store_mask, HEAD_DIM)
             k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
             v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
             m_i = tl.zeros([H_PACK * BLOCK_M], dtype=tl.float32) - float("inf")
@@ -369,12 +348,9 @@ def head_pack(cfg: dict, dims: AttentionDims, explicit: bool) -> int:
 def launch_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
     dims: AttentionDims, causal: bool, config: dict | None = None, attn_mask: torch.Tensor | None = None,
-    attn_mask_extents: torch.Tensor | None = None, rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+    attn_mask_extents: torch.Tensor | None = None,
 ) -> None:
     """Run the prefill kernel into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
-
-    ``rotary``: ``(cos, sin)`` tables ``[B or 1, T, D]`` (checked; ``attention_rotary``) to rotate the query with as
-    it is loaded (``q`` is then the query before its rotary embedding); only where ``kernel_takes_rotary``.
 
     ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``H_PACK``) overrides
     :func:`prefill_config`;
@@ -382,13 +358,10 @@ def launch_prefill(
     row extents if already computed (``attention_mask_extents.attn_mask_extents``), else they are computed here.
     """
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    if rotary is not None:
-        check_rotary_tables(q, *rotary)
-        rotary = tuple(t if t.stride(-1) == 1 else t.contiguous() for t in rotary)
     if interpreting() and q.dtype == torch.bfloat16:  # the interpreter mis-computes bf16: run in fp32
         staging = torch.empty(out.shape, dtype=torch.float32, device=out.device)
         launch_prefill(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, config, attn_mask,
-                       attn_mask_extents, None if rotary is None else tuple(t.float() for t in rotary))
+                       attn_mask_extents)
         out.copy_(staging)
         return
     order, count = compact_active_rows(head_mask)
@@ -401,26 +374,20 @@ def launch_prefill(
             check_attn_mask_extents(attn_mask_extents, attn_mask)
         ext = expand_attn_mask_extents(attn_mask_extents, dims)
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
-    if rotary is not None and not kernel_takes_rotary(dims.head_dim, block_d):
-        raise ValueError(f"group_attention: the prefill kernel rotates queries of a power-of-two head_dim >= 16, "
-                         f"got {dims.head_dim} (rotate them first: attention_rotary.rotate_query_reference)")
-    cos, sin = rotary if rotary is not None else (q, q)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     args = (
         q, k, v, out, order, count, amask if amask is not None else order, ext if ext is not None else order,
-        cos, sin,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         *(amask.stride() if amask is not None else (0, 0, 0, 0)),
         *(ext.stride()[:3] if ext is not None else (0, 0, 0)),
-        *((0 if cos.shape[0] == 1 else cos.stride(0), cos.stride(1)) if rotary is not None else (0, 0)),
         dims.num_q_heads, dims.num_groups, dims.q_len, dims.kv_len, dims.q_per_kv, dims.heads_per_group,
         dims.scale * _LOG2E,
     )
     meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "HAS_AMASK": amask is not None,
-            "INPUT_PRECISION": precision, "ROPE": rotary is not None}
+            "INPUT_PRECISION": precision}
     cfg = dict(config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size(), amask is not None))
     asked = int(cfg.get("H_PACK", 1))
     cfg["H_PACK"] = head_pack(cfg, dims, explicit=config is not None and "H_PACK" in config)

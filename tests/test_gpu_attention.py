@@ -160,32 +160,3 @@ def test_prefill_with_packed_query_heads(cfg, q_len, slots, mask_kind):
     launch_prefill(q, k, v, mask, out, dims, amask is None, config, attn_mask=amask)
     ref = group_attention_reference(q, k, v, mask, causal=amask is None, attn_mask=amask)
     _check(out, ref, mask, torch.bfloat16)
-
-
-@pytest.mark.parametrize("q_len, slots, mask_kind, head_dim", [(4096, 4160, "random", 128), (1000, 1000, "all", 128),
-                                                              (4096, 4160, "random", 64), (999, 1088, "none", 128)])
-def test_prefill_rotates_the_query(q_len, slots, mask_kind, head_dim):
-    """``rotary=(cos, sin)`` in bf16 (the end-to-end prefill's layout: token-major query, static-cache mask or causal,
-    ``head_dim`` 128 as Llama-3-8B and 64 as SmolLM2): against the reference of the query rotated by PyTorch, and
-    within bf16 rounding of the kernels run on that query (not bit for bit on the GPU: a query tile computed in
-    registers may reach the tensor cores by another path than one loaded from memory, which can change the fp32
-    accumulation order of the scores; under the interpreter they are equal)."""
-    from wide_compile.templates.attention_rotary import rotate_query_reference
-
-    gen = torch.Generator(device="cuda").manual_seed(q_len + head_dim)
-    q = torch.randn(1, q_len, HQ, head_dim, device="cuda", generator=gen).to(torch.bfloat16).transpose(1, 2)
-    k, v = (torch.randn(1, HKV, slots, head_dim, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
-    mask = _inputs(1, q_len, 1, torch.bfloat16, mask_kind, seed=q_len)[3]
-    pos = torch.arange(q_len, device="cuda").float()[None, :, None] + 7
-    freqs = pos * (500000.0 ** (-torch.arange(0, head_dim, 2, device="cuda").float() / head_dim))
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
-    amask = _static_cache_mask(1, q_len, slots, 0) if slots != q_len else None
-    out = torch.full((1, q_len, HQ * head_dim), float("nan"), device="cuda", dtype=torch.bfloat16)
-    group_attention(q, k, v, mask, causal=amask is None, attn_mask=amask, merge_heads=True, out=out,
-                    rotary=(cos, sin))
-    rotated = rotate_query_reference(q, cos, sin)
-    first = group_attention(rotated, k, v, mask, causal=amask is None, attn_mask=amask, merge_heads=True)
-    assert ((out.float() - first.float()).norm() / first.float().norm().clamp_min(1e-30)).item() < 2e-3
-    ref = group_attention_reference(rotated, k, v, mask, causal=amask is None, attn_mask=amask)
-    _check(out.unflatten(2, (HQ, head_dim)).transpose(1, 2), ref, mask, torch.bfloat16)

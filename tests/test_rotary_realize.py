@@ -32,10 +32,13 @@ def test_shared_tables_are_realized_once_and_values_kept():
     gm = _traced(3)
     pos, xs = torch.arange(5, dtype=torch.float32), [torch.randn(5, 8, dtype=torch.float16) for _ in range(3)]
     expected = gm(pos, xs)
+    for node in gm.graph.nodes:
+        node.meta["example_value"] = node.name  # stands for the value a Dynamo graph records
     assert realize_rotary_tables(gm.graph) == 2  # cos (after its scaling and cast) and sin
     gm.recompile()
     realized = [n for n in gm.graph.nodes if n.target is torch.ops.wide.realize.default]
     assert len(realized) == 2
+    assert all(r.meta["example_value"] == r.args[0].name for r in realized)  # the table's value, for later passes
     cos_table = next(r for r in realized if r.args[0].op == "call_method" and r.args[0].target == "to")
     assert len(cos_table.users) == 3 and len(cos_table.args[0].users) == 1  # every layer reads the stored table
     for got, want in zip(gm(pos, xs), expected):
