@@ -11,7 +11,8 @@ packed into one tile) on that layout (Llama-3-8B attention shapes, 50%
 random head-group masks), checks each against the default's output, and writes
 ``<out_dir>/kernels_attention_prefill_static.json`` (``--name``: another file name).
 
-Usage: ``python benchmarks/kernels_attention_prefill_static.py [--out-dir DIR] [--lengths 1024,4096,16384]``
+Usage: ``python benchmarks/kernels_attention_prefill_static.py [--out-dir DIR] [--lengths 1024,4096,16384] [--tma]``
+(``--tma``: every configuration also with K / V blocks loaded as TMA boxes.)
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> None:
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--lengths", default="1024,4096,16384")
     parser.add_argument("--name", default="kernels_attention_prefill_static.json", help="result file in --out-dir")
+    parser.add_argument("--tma", action="store_true", help="also time every configuration with K / V loaded as TMA "
+                        "boxes (config TMA=True)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -68,6 +71,8 @@ def main() -> None:
         default = prefill_config(q_len, q_len + EXTRA_SLOTS, D, masked=True)
         keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "H_PACK")
         configs = [default] + [dict(zip(keys, c)) for c in SWEEP_CONFIGS + PACKED_SWEEP_CONFIGS]
+        if args.tma:
+            configs += [{**cfg, "TMA": True} for cfg in configs]
 
         def call(s, cfg):
             q, k, v, out = s

@@ -94,7 +94,7 @@ def _decode_split_kernel(
                 # -inf and change nothing
                 load_ok = col_ok & (tl.max(tl.max(valid.to(tl.int32), 1), 0) > 0)
             acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, load_ok,
-                                          valid, offs_d, dmask, qk_scale, INPUT_PRECISION)
+                                          valid, offs_d, dmask, qk_scale, 0, 0, INPUT_PRECISION, False)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
         has_keys = l_i > 0

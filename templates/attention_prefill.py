@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_block import attend_block
+from .attention_block import attend_block, load_key_block, load_value_block
 from .attention_checks import (
     AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, expand_attn_mask_extents, interpreting,
 )
@@ -55,9 +55,9 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _attend_key_range(
     acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, lo, hi, kv_len, qk_scale,
-    offs_n, offs_d, dmask,
+    offs_n, offs_d, dmask, row0,
     MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over keys [lo, hi); scores kept in the log2 domain."""
     for start_n in range(lo, hi, BLOCK_N):
@@ -65,7 +65,9 @@ def _attend_key_range(
         cols = start_n + offs_n
         k_ptrs = k_base + cols[None, :] * stride_ks + offs_d[:, None]  # [BLOCK_D, BLOCK_N]
         v_ptrs = v_base + cols[:, None] * stride_vs + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-        if MASKED:
+        if USE_TMA:  # (keys past kv_len: their scores are hidden below when MASKED, and lie past hi otherwise)
+            k = load_key_block(k_base, stride_ks, cols, cols < kv_len, offs_d, dmask, row0, start_n, True)
+        elif MASKED:
             k = tl.load(k_ptrs, mask=(cols[None, :] < kv_len) & dmask[:, None], other=0.0)
         elif EVEN_D:
             k = tl.load(k_ptrs)
@@ -87,7 +89,9 @@ def _attend_key_range(
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if MASKED:
+        if USE_TMA:
+            v = load_value_block(v_base, stride_vs, cols, cols < kv_len, offs_d, dmask, row0, start_n, True)
+        elif MASKED:
             v = tl.load(v_ptrs, mask=(cols[:, None] < kv_len) & dmask[None, :], other=0.0)
         elif EVEN_D:
             v = tl.load(v_ptrs)
@@ -101,7 +105,7 @@ def _attend_key_range(
 @triton.jit
 def _attend_masked_keys(
     acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, lo, hi, kv_len, qk_scale,
-    offs_n, offs_d, dmask, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    offs_n, offs_d, dmask, row0, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Online-softmax update over keys [lo, hi) under an explicit boolean mask (``am_rows``: each row's mask pointer).
 
@@ -116,14 +120,14 @@ def _attend_masked_keys(
         allowed = tl.load(am_rows[:, None] + cols[None, :] * stride_as, mask=row_on[:, None] & col_ok[None, :],
                           other=0) != 0
         acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, col_ok, allowed,
-                                     offs_d, dmask, qk_scale, INPUT_PRECISION)
+                                     offs_d, dmask, qk_scale, row0, start_n, INPUT_PRECISION, USE_TMA)
     return acc, l_i, m_i
 
 
 @triton.jit
 def _attend_key_extents(
     acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, lo, hi, kv_len, qk_scale,
-    offs_n, offs_d, dmask, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    offs_n, offs_d, dmask, row0, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Online-softmax update over keys [lo, hi) for rows that see exactly the keys [first, last] (contiguous rows:
     the extents are the mask, which is not read)."""
@@ -132,14 +136,15 @@ def _attend_key_extents(
         cols = start_n + offs_n
         allowed = (cols[None, :] >= first[:, None]) & (cols[None, :] <= last[:, None])
         acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, cols < kv_len,
-                                     allowed, offs_d, dmask, qk_scale, INPUT_PRECISION)
+                                     allowed, offs_d, dmask, qk_scale, row0, start_n, INPUT_PRECISION, USE_TMA)
     return acc, l_i, m_i
 
 
 @triton.jit
 def _attend_contiguous_rows(
     acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, row_on, kv_len, qk_scale, q_pos,
-    offs_n, offs_d, dmask, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    offs_n, offs_d, dmask, row0, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """A tile whose active rows each see one contiguous key range: the key blocks every active row sees in full run
     unmasked (for a causal mask: all keys below the tile's first position), the blocks before and after them with the
@@ -151,12 +156,14 @@ def _attend_contiguous_rows(
     mid_lo = tl.minimum(tl.maximum(inner_lo, lo), hi)
     mid_hi = tl.maximum(mid_lo, inner_hi)
     acc, l_i, m_i = _attend_key_extents(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, lo,
-                                        mid_lo, kv_len, qk_scale, offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION)
+                                        mid_lo, kv_len, qk_scale, offs_n, offs_d, dmask, row0, BLOCK_N,
+                                        INPUT_PRECISION, USE_TMA)
     acc, l_i, m_i = _attend_key_range(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, mid_lo, mid_hi,
-                                      kv_len, qk_scale, offs_n, offs_d, dmask, False, False, EVEN_D, BLOCK_N,
-                                      INPUT_PRECISION)
+                                      kv_len, qk_scale, offs_n, offs_d, dmask, row0, False, False, EVEN_D, BLOCK_N,
+                                      INPUT_PRECISION, USE_TMA)
     acc, l_i, m_i = _attend_key_extents(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, mid_hi,
-                                        hi, kv_len, qk_scale, offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION)
+                                        hi, kv_len, qk_scale, offs_n, offs_d, dmask, row0, BLOCK_N,
+                                        INPUT_PRECISION, USE_TMA)
     return acc, l_i, m_i
 
 
@@ -172,7 +179,7 @@ def _prefill_kernel(
     num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
     TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    H_PACK: tl.constexpr,
+    H_PACK: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # largest positions first
     bh = tl.program_id(1)
@@ -216,8 +223,14 @@ def _prefill_kernel(
             q_ptrs = Q + b.to(tl.int64) * stride_qb + h[:, None] * stride_qh + rows[:, None].to(tl.int64) * stride_qt \
                 + offs_d[None, :]
             q = tl.load(q_ptrs, mask=store_mask, other=0.0)
-            k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
-            v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
+            if USE_TMA:  # K / V are descriptors over [B * Hkv * S, D]: this (batch, KV head)'s rows start at row0
+                k_base = K
+                v_base = V
+                row0 = (b * (num_q_heads // q_per_kv) + kvh) * kv_len
+            else:
+                k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
+                v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
+                row0 = 0
             m_i = tl.zeros([H_PACK * BLOCK_M], dtype=tl.float32) - float("inf")
             l_i = tl.zeros([H_PACK * BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([H_PACK * BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -230,18 +243,18 @@ def _prefill_kernel(
                     am_rows = AMASK + b.to(tl.int64) * stride_ab + h * stride_ah + rows.to(tl.int64) * stride_at
                     acc, l_i, m_i = _attend_masked_keys(
                         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, am_rows, row_on, stride_as, lo, hi,
-                        kv_len, qk_scale, offs_n, offs_d, dmask, BLOCK_N, INPUT_PRECISION,
+                        kv_len, qk_scale, offs_n, offs_d, dmask, row0, BLOCK_N, INPUT_PRECISION, USE_TMA,
                     )
                 else:
                     acc, l_i, m_i = _attend_contiguous_rows(
                         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, first, last, row_on, kv_len,
-                        qk_scale, q_pos, offs_n, offs_d, dmask, EVEN_D, BLOCK_N, INPUT_PRECISION,
+                        qk_scale, q_pos, offs_n, offs_d, dmask, row0, EVEN_D, BLOCK_N, INPUT_PRECISION, USE_TMA,
                     )
             else:
                 acc, l_i, m_i = _attend_plain(
                     acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, order_base, tile_start, count,
-                    offset, kv_len, qk_scale, offs_n, offs_d, dmask, IS_CAUSAL, EVEN_D, BLOCK_M, BLOCK_N,
-                    INPUT_PRECISION,
+                    offset, kv_len, qk_scale, offs_n, offs_d, dmask, row0, IS_CAUSAL, EVEN_D, BLOCK_M, BLOCK_N,
+                    INPUT_PRECISION, USE_TMA,
                 )
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             out = tl.where(row_on[:, None], out, 0.0)
@@ -251,8 +264,8 @@ def _prefill_kernel(
 @triton.jit
 def _attend_plain(
     acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, order_base, tile_start, count, offset, kv_len,
-    qk_scale, offs_n, offs_d, dmask, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    qk_scale, offs_n, offs_d, dmask, row0, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Causal or full attention without an explicit mask: keys every row sees unmasked, then the masked band."""
     if IS_CAUSAL:
@@ -266,11 +279,11 @@ def _attend_plain(
         hi = kv_len
     acc, l_i, m_i = _attend_key_range(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, 0, lo, kv_len, qk_scale,
-        offs_n, offs_d, dmask, False, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION,
+        offs_n, offs_d, dmask, row0, False, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION, USE_TMA,
     )
     acc, l_i, m_i = _attend_key_range(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, q_pos, lo, hi, kv_len, qk_scale,
-        offs_n, offs_d, dmask, True, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION,
+        offs_n, offs_d, dmask, row0, True, IS_CAUSAL, EVEN_D, BLOCK_N, INPUT_PRECISION, USE_TMA,
     )
     return acc, l_i, m_i
 
@@ -345,6 +358,21 @@ def head_pack(cfg: dict, dims: AttentionDims, explicit: bool) -> int:
     return pack
 
 
+def kv_tma_ok(k: torch.Tensor, v: torch.Tensor, dims: AttentionDims, block_d: int) -> bool:
+    """Whether K / V blocks may be TMA boxes of ``[B * Hkv * S, D]`` views: a CUDA device (not the interpreter),
+    contiguous 16-bit K and V, whole rows in one block (``head_dim`` a power of two) of 16-byte multiples."""
+    return (not interpreting() and k.is_cuda and block_d == dims.head_dim and k.dtype in (torch.bfloat16, torch.float16)
+            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (k, v))
+            and (dims.head_dim * k.element_size()) % 16 == 0)
+
+
+def kv_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int) -> tuple:
+    """Host-side TMA descriptors of K and V as ``[B * Hkv * S, D]``, box ``[block_n, head_dim]``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(TensorDescriptor.from_tensor(t.view(-1, head_dim), [block_n, head_dim]) for t in (k, v))
+
+
 def launch_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
     dims: AttentionDims, causal: bool, config: dict | None = None, attn_mask: torch.Tensor | None = None,
@@ -352,8 +380,8 @@ def launch_prefill(
 ) -> None:
     """Run the prefill kernel into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
-    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``H_PACK``) overrides
-    :func:`prefill_config`;
+    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``H_PACK`` and ``TMA``) overrides
+    :func:`prefill_config`; ``TMA``: K / V blocks as TMA boxes where :func:`kv_tma_ok` allows (else pointer loads);
     ``attn_mask``: the checked boolean mask (see ``attention_checks.expand_attn_mask``); ``attn_mask_extents``: its
     row extents if already computed (``attention_mask_extents.attn_mask_extents``), else they are computed here.
     """
@@ -375,8 +403,11 @@ def launch_prefill(
         ext = expand_attn_mask_extents(attn_mask_extents, dims)
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    cfg = dict(config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size(), amask is not None))
+    tma = bool(cfg.pop("TMA", False)) and kv_tma_ok(k, v, dims, block_d)
+    k_arg, v_arg = kv_descriptors(k, v, dims.head_dim, cfg["BLOCK_N"]) if tma else (k, v)
     args = (
-        q, k, v, out, order, count, amask if amask is not None else order, ext if ext is not None else order,
+        q, k_arg, v_arg, out, order, count, amask if amask is not None else order, ext if ext is not None else order,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -387,8 +418,7 @@ def launch_prefill(
         dims.scale * _LOG2E,
     )
     meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "HAS_AMASK": amask is not None,
-            "INPUT_PRECISION": precision}
-    cfg = dict(config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size(), amask is not None))
+            "INPUT_PRECISION": precision, "USE_TMA": tma}
     asked = int(cfg.get("H_PACK", 1))
     cfg["H_PACK"] = head_pack(cfg, dims, explicit=config is not None and "H_PACK" in config)
     cfg["BLOCK_M"] *= asked // cfg["H_PACK"]  # a default packing the heads do not allow: taller tiles, same rows
