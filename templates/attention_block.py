@@ -19,19 +19,23 @@ def load_key_block(k_base, stride_ks, cols, col_ok, offs_d, dmask, row0, start_n
     one TMA box of the descriptor ``k_base`` over the keys as rows (``row0``: this (batch, KV head)'s first row).
     A box reads whole rows past the key length too (the next head's keys, zeros past the tensor): callers hide those
     scores (-inf), so they only ever meet a probability of 0."""
-    if USE_TMA:
-        return k_base.load([row0 + start_n, 0]).T
-    return tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None],
-                   other=0.0)
+    if USE_TMA:  # (one return per function: Triton compiles the code after an early return too)
+        k = k_base.load([row0 + start_n, 0]).T
+    else:
+        k = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None], mask=col_ok[None, :] & dmask[:, None],
+                    other=0.0)
+    return k
 
 
 @triton.jit
 def load_value_block(v_base, stride_vs, cols, col_ok, offs_d, dmask, row0, start_n, USE_TMA: tl.constexpr):
     """``V[cols]`` as ``[BLOCK_N, BLOCK_D]`` (see :func:`load_key_block`)."""
     if USE_TMA:
-        return v_base.load([row0 + start_n, 0])
-    return tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :],
-                   other=0.0)
+        v = v_base.load([row0 + start_n, 0])
+    else:
+        v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :], mask=col_ok[:, None] & dmask[None, :],
+                    other=0.0)
+    return v
 
 
 @triton.jit

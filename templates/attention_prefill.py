@@ -63,16 +63,16 @@ def _attend_key_range(
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k_ptrs = k_base + cols[None, :] * stride_ks + offs_d[:, None]  # [BLOCK_D, BLOCK_N]
-        v_ptrs = v_base + cols[:, None] * stride_vs + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
         if USE_TMA:  # (keys past kv_len: their scores are hidden below when MASKED, and lie past hi otherwise)
             k = load_key_block(k_base, stride_ks, cols, cols < kv_len, offs_d, dmask, row0, start_n, True)
-        elif MASKED:
-            k = tl.load(k_ptrs, mask=(cols[None, :] < kv_len) & dmask[:, None], other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
         else:
-            k = tl.load(k_ptrs, mask=dmask[:, None], other=0.0)
+            k_ptrs = k_base + cols[None, :] * stride_ks + offs_d[:, None]  # [BLOCK_D, BLOCK_N]
+            if MASKED:
+                k = tl.load(k_ptrs, mask=(cols[None, :] < kv_len) & dmask[:, None], other=0.0)
+            elif EVEN_D:
+                k = tl.load(k_ptrs)
+            else:
+                k = tl.load(k_ptrs, mask=dmask[:, None], other=0.0)
         qk = tl.dot(q, k, input_precision=INPUT_PRECISION)
         if MASKED:
             valid = cols[None, :] < kv_len
@@ -91,12 +91,14 @@ def _attend_key_range(
         acc = acc * alpha[:, None]
         if USE_TMA:
             v = load_value_block(v_base, stride_vs, cols, cols < kv_len, offs_d, dmask, row0, start_n, True)
-        elif MASKED:
-            v = tl.load(v_ptrs, mask=(cols[:, None] < kv_len) & dmask[None, :], other=0.0)
-        elif EVEN_D:
-            v = tl.load(v_ptrs)
         else:
-            v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
+            v_ptrs = v_base + cols[:, None] * stride_vs + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+            if MASKED:
+                v = tl.load(v_ptrs, mask=(cols[:, None] < kv_len) & dmask[None, :], other=0.0)
+            elif EVEN_D:
+                v = tl.load(v_ptrs)
+            else:
+                v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
         m_i = m_ij
     return acc, l_i, m_i
@@ -300,7 +302,8 @@ _PREFILL_CONFIGS = (
 SWEEP_CONFIGS = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4))
 # Query heads packed into one tile (``H_PACK``, the last entry): H_PACK x BLOCK_M rows per program.
 PACKED_SWEEP_CONFIGS = ((64, 64, 8, 3, 2), (64, 64, 8, 4, 2), (64, 128, 8, 2, 2), (32, 64, 8, 3, 4),
-                        (32, 64, 4, 3, 2), (32, 128, 8, 2, 4), (128, 64, 8, 3, 2))
+                        (32, 64, 4, 3, 2), (32, 128, 8, 2, 4), (128, 64, 8, 3, 2),
+                        (32, 64, 4, 2, 2), (32, 64, 8, 2, 4))  # 2 stages: two programs' shared memory fit an SM
 
 _SMEM_LIMIT = 227 * 1024
 
