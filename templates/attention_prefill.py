@@ -295,9 +295,9 @@ def _attend_plain(
 # (benchmarks/attention_aot_report.py, D=128 bf16): 128x64 tiles with 4 warps spill (255 regs), so BLOCK_M=128 tiles
 # use 8 warps (two warpgroups).
 _PREFILL_CONFIGS = (
-    # (max(T, S) up to, BLOCK_M, BLOCK_N, num_warps, num_stages, H_PACK)
-    (4096, 32, 64, 4, 3, 2),
-    (1 << 62, 32, 64, 8, 3, 4),
+    # (max(T, S) up to, BLOCK_M, BLOCK_N, num_warps, num_stages, H_PACK, TMA K / V)
+    (4096, 32, 64, 4, 3, 2, True),
+    (1 << 62, 32, 64, 8, 3, 4, False),
 )
 SWEEP_CONFIGS = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4))
 # Query heads packed into one tile (``H_PACK``, the last entry): H_PACK x BLOCK_M rows per program.
@@ -312,7 +312,7 @@ _INTERPRET_META = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1
 
 
 def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2, masked: bool = False) -> dict:
-    """``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "H_PACK"}`` for the prefill kernel.
+    """``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "H_PACK", "TMA"}`` for the prefill kernel.
 
     The row of ``_PREFILL_CONFIGS`` is chosen by ``max(q_len, kv_len)``, or by ``q_len`` with an explicit mask
     (``masked``): a static KV cache's slots past the prompt are never visited, so its ``kv_len`` overstates the work.
@@ -322,7 +322,10 @@ def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2, m
     block; ``kernels_attention_prefill_packed.json``, same layout, ms per layer, previous default -> new): 1024 tokens
     0.0367 -> 0.0328 (2 heads x 32 rows, 4 warps), 4096 0.2210 -> 0.2143 (same), 16384 2.4517 -> 2.2837 (4 heads x 32
     rows, 8 warps). Where a model's heads do not allow the packing, ``launch_prefill`` packs fewer heads into taller
-    tiles (the same rows per tile).
+    tiles (the same rows per tile). K / V blocks as TMA boxes (``TMA``, where ``kv_tma_ok``;
+    ``kernels_attention_prefill_static_tma.json``, same layout): 4096 tokens 0.2103-0.2111 -> 0.2045-0.2053 ms with the
+    4-warp tiles, but 2.2023-2.2670 -> 2.4178-2.4751 at 16384 tokens with the 8-warp tiles, which keep pointer loads.
+    Compiled for sm_90a (``attention_aot_report.py``) the TMA kernels use 152-162 registers against 242-255.
 
     Tiles shrink for wide heads or fp32 so that Q plus the pipelined K/V stages fit in the 227 KB of shared memory
     of an sm_90 block and the fp32 accumulator stays in registers.
@@ -330,18 +333,19 @@ def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2, m
     if interpreting():
         return dict(_INTERPRET_META)
     length = q_len if masked else max(q_len, kv_len)
-    for max_len, block_m, block_n, warps, stages, pack in _PREFILL_CONFIGS:
+    for max_len, block_m, block_n, warps, stages, pack, tma in _PREFILL_CONFIGS:
         if length <= max_len:
             break
     block_d = max(16, triton.next_power_of_2(head_dim))
-    if block_d * elem_size > 256:  # wide fp32/bf16 rows: smaller query tile, accumulator of 64 rows
-        block_m, warps, pack = 64, 4, 1
+    if block_d * elem_size > 256:  # wide fp32/bf16 rows: smaller query tile, accumulator of 64 rows (pointer loads)
+        block_m, warps, pack, tma = 64, 4, 1, False
     rows = pack * block_m
     while block_n > 32 and rows * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
         block_n //= 2
     while stages > 2 and rows * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
         stages -= 1
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "H_PACK": pack}
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "H_PACK": pack,
+            "TMA": tma}
 
 
 def head_pack(cfg: dict, dims: AttentionDims, explicit: bool) -> int:

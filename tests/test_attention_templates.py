@@ -423,13 +423,15 @@ def test_prefill_mask_broadcast_over_keys_and_queries():
 def test_prefill_launch_config_follows_the_prompt_with_an_explicit_mask(monkeypatch):
     """The GPU launch rule: tiles by max(T, S) without a mask, by T with one (a static cache's unfilled slots are
     never visited): a 4096-token prompt in 4160 slots takes the tiles measured faster there (2 packed heads x 32
-    rows); longer prompts 4 heads x 32 rows with 8 warps; wide fp32 heads no packing."""
+    rows, K / V as TMA boxes); longer prompts 4 heads x 32 rows with 8 warps and pointer loads; wide fp32 heads no
+    packing."""
     prefill = sys.modules["wide_compile.templates.attention_prefill"]
     monkeypatch.setattr(prefill, "interpreting", lambda: False)
-    small = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "H_PACK": 2}
+    small = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "H_PACK": 2, "TMA": True}
     assert prefill.prefill_config(4096, 4160, 128, 2, masked=True) == small
     assert prefill.prefill_config(4096, 4160, 128, 2)["num_warps"] == 8
     assert prefill.prefill_config(16384, 16448, 128, 2, masked=True)["H_PACK"] == 4
+    assert not prefill.prefill_config(16384, 16448, 128, 2, masked=True)["TMA"]  # 8 warps: pointer loads
     assert prefill.prefill_config(1024, 1024, 128, 2) == small
     assert prefill.prefill_config(1024, 1024, 128, 4)["H_PACK"] == 1
 
