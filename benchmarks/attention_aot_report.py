@@ -1,57 +1,16 @@
 """Compile the attention kernels for sm_90a without a GPU and report shared memory, registers, spills, wgmma/cp.async.
 
-Usage: ``python benchmarks/attention_aot_report.py`` (needs only Triton's bundled ptxas). Pointer and stride arguments
-get the 16-divisibility hint the JIT gives real tensors, so the software pipeliner behaves as it does on the GPU.
+Usage: ``TRITON_INTERPRET=0 python benchmarks/attention_aot_report.py`` (needs only Triton's bundled ptxas; the
+compiling is ``wide_compile.testing.sm90_compile``). Pointer and stride arguments get the 16-divisibility hint the JIT
+gives real tensors, so the software pipeliner behaves as it does on the GPU.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import tempfile
-
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
 from wide_compile.templates.attention_decode import _decode_split_kernel
 from wide_compile.templates.attention_prefill import _prefill_kernel
-
-_DIVISIBLE = re.compile(r"^(stride_.*[bhst]|chunk|LEN_BUCKET|CHUNK_BUCKET)$")
-
-
-_UNIT_STRIDES = ("stride_as",)  # the boolean mask's key stride: 1 for a real mask, which the JIT specialises
-
-
-def _compile(fn, pointers: dict[str, str], consts: dict, floats: tuple[str, ...], num_warps: int, num_stages: int):
-    consts = {**{k: 1 for k in _UNIT_STRIDES if k in fn.arg_names}, **consts}
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name in pointers:
-            signature[name] = pointers[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in floats:
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if _DIVISIBLE.match(name):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    constexprs = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-    src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
-
-
-def _ptxas_report(ptx: str) -> str:
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    res = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
-    os.unlink(f.name)
-    lines = [ln.split("info    : ")[-1] for ln in res.stderr.splitlines() if "registers" in ln or "spill" in ln]
-    return " | ".join(lines)
+from wide_compile.testing.sm90_compile import compile_sm90 as _compile
+from wide_compile.testing.sm90_compile import ptxas_report as _ptxas_report
 
 
 def main() -> None:
