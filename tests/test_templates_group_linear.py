@@ -531,3 +531,21 @@ def test_output_groups_with_dense_falls_back_and_checks(k):
         fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa.float()], [None])
     with pytest.raises(ValueError, match="2 dense weights but 1 dense biases"):
         fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa, wa], [None])
+
+
+@pytest.mark.parametrize("kind", ["random", "none"])
+def test_fused_zero_tiles_with_several_column_tiles_per_group(k, kind):
+    """``ZERO_TILES="fused"`` when a group spans two column tiles (``BLOCK_N`` 16 of a 32-wide group): each column
+    tile's active programs store that tile's zero-only rows."""
+    gen = torch.Generator().manual_seed(len(kind))
+    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
+    m, d, gs, groups = 70, 48, 32, 3
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    wg, wu = ((torch.randn(gs * groups, d, generator=gen) / 7).to(dtype) for _ in range(2))
+    mask = _mask(kind, m, groups, gen)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "ZERO_TILES": "fused"}
+    h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg,
+                            out=_poisoned((m, gs * groups), dtype))
+    _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
+    y = lin.output_group_linear(x, wg, mask, gs, None, path="gemm", config=cfg, out=_poisoned((m, gs * groups), dtype))
+    _check(y, ref.output_group_linear_reference(x, wg, mask, gs, None), dtype, mask, gs)
