@@ -54,10 +54,6 @@ class _StateHook:
 
     state_key: int
 
-    @property
-    def state(self) -> WideState:
-        return live_state(self.state_key)
-
     def __getstate__(self) -> dict:
         """Copies and pickles carry the state object itself; ``__setstate__`` turns it into the copy's key."""
         return {**vars(self), "state_key": live_state(self.state_key)}
@@ -101,10 +97,6 @@ class MaskHook(_StateHook):
     def __init__(self, state: WideState, block_index: int):
         self.state_key, self.block_index = state.registry_key, block_index
         self.ends_forward = block_index == len(state.blocks) - 1  # the forward's last masked projection
-
-    @property
-    def block(self) -> RoutedBlock:
-        return self.state.blocks[self.block_index]
 
     def __call__(self, module, args, kwargs):
         state = live_state(self.state_key)

@@ -152,6 +152,7 @@ if HAS_TRITON:
             if tile_start < count:  # this program's share of the group's zero-only tiles
                 store_zero_tiles(h_ptr, tokens_ptr, tile_start, count, offs_n, valid_n, M, N, GROUP_SIZE, BLOCK_M)
 
+
 def default_config(num_tokens: int, group_size: int) -> dict:
     """Tile sizes / warps / pipeline depth for the fused gate/up GEMM (two weight tiles per stage); see the module
     docstring for the TMA rows. 256-511 tokens: 128-token tiles of 64 columns with 4 warps (256 tokens: 107.7 µs

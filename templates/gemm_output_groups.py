@@ -136,6 +136,7 @@ if HAS_TRITON:
             if tile_start < count:  # this program's share of the group's zero-only tiles
                 store_zero_tiles(y_ptr, tokens_ptr, tile_start, count, offs_n, valid_n, M, N, GROUP_SIZE, BLOCK_M)
 
+
 def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: int = 132) -> dict:
     """Tile sizes / warps / pipeline depth for the output-group GEMM (H200 sweeps at 50% random masks,
     ``benchmarks/results/kernels_linear_sweep_moderate.json`` and ``kernels_linear_sweep_tma_v3.json``).
