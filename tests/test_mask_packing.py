@@ -62,8 +62,9 @@ def test_a_projection_whose_mask_was_already_packed_reads_it_from_the_pack():
         block.mask = masks[block.key]
     pack_masks(state)
     assert all(block.mask is None for block in state.blocks)
-    for block in (state.blocks[0], state.blocks[-1]):
-        mask_hook = next(e.hook for e in state.hooks if getattr(e.hook, "block", None) is block)
+    for index in (0, len(state.blocks) - 1):
+        block = state.blocks[index]
+        mask_hook = next(e.hook for e in state.hooks if getattr(e.hook, "block_index", None) == index)
         x = torch.randn(2, 7, block.groups * block.group_width)
         args, _ = mask_hook(None, (x,), {})
         torch.testing.assert_close(args[0], x * masks[block.key].repeat_interleave(block.group_width, dim=-1))
