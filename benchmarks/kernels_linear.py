@@ -368,22 +368,6 @@ def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384), splits: tuple = (1, 
                for m in ms])
 
 
-def zero_tile_sweeps(ms: tuple = (1024, 4096, 16384)) -> list:
-    """The prefill gate/up GEMM and the query projection's output-group GEMM at their default tiles, each group's
-    zero-only tiles stored by their own programs (``ZERO_TILES="own"``, the default) or by the group's active
-    programs (``"fused"``; ``templates/zero_tiles.py``; ``kernels_linear_sweep_zero_tiles.json``)."""
-    from wide_compile.templates.gemm_gated_up import default_config
-
-    from wide_compile.templates.gemm_output_groups import default_config as q_default
-
-    gs, q_gs = OPS["gate_up"]["gs"], OPS["q_proj"]["gs"]
-    q_groups = OPS["q_proj"]["N"] // q_gs
-    kinds = ("own", "fused")
-    return ([("gate_up", m, "rand50", [dict(default_config(m, gs), ZERO_TILES=z) for z in kinds]) for m in ms]
-            + [("q_proj", m, "rand50", [dict(q_default(m, q_gs, q_groups), ZERO_TILES=z) for z in kinds])
-               for m in ms])
-
-
 def moderate_tile_sweeps() -> list:
     """The output-group GEMMs (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 64-1024 tokens,
     where the default tiles leave few programs per group (64 tokens: 32 programs for the query projection) or spill
@@ -530,9 +514,6 @@ def main() -> None:
                     "splits at 1-16 tokens instead (kernels_linear_sweep_gated_decode.json)")
     ap.add_argument("--sweep-half-tail", action="store_true", help="time the prefill gate/up GEMM with and without "
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
-    ap.add_argument("--sweep-zero-tiles", action="store_true", help="time the prefill output-group GEMMs with the "
-                    "zero-only tiles stored by their own programs or by the active ones instead "
-                    "(kernels_linear_sweep_zero_tiles.json; --ms: token counts)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--no-main", action="store_true")
@@ -561,8 +542,6 @@ def main() -> None:
               "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
               "sweep_half_tail": (lambda: half_tail_sweeps(tuple(int(v) for v in args.ms.split(",")))
                                   if args.ms else half_tail_sweeps(), "kernels_linear_sweep_half_tail.json"),
-              "sweep_zero_tiles": (lambda: zero_tile_sweeps(tuple(int(v) for v in args.ms.split(",")))
-                                   if args.ms else zero_tile_sweeps(), "kernels_linear_sweep_zero_tiles.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

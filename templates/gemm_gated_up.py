@@ -22,9 +22,6 @@ masks, µs, median of 7 interleaved rounds, whole tiles -> halves
 900.5 -> 822.2, 16384 3384.0 -> 3309.7 (an earlier call: ``kernels_linear_sweep_half_tail_gate_up.json``). Only ~1.5%
 of the rows at 4096 tokens are padding that this removes; why the gain is larger was not examined.
 
-``ZERO_TILES`` (config key, ``zero_tiles.py``): ``"own"`` (the default) or ``"fused"``, where a group's active
-programs store its zero-only tiles and those programs exit at once; not yet timed on the GPU.
-
 ``WARP_SPECIALIZE`` (config key, off by default; no effect on the H200 with Triton 3.6, ``notes_linear.md``): the K
 loop as ``tl.range(..., warp_specialize=True)``, Triton's automatic warp specialisation (producer warps for the loads,
 consumer warps for the MMAs), for the sweep ``benchmarks/kernels_linear.py --sweep-gate-up-tiles``.
@@ -38,13 +35,10 @@ from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, i
 from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
 from .tail_split import tail_split
-from .zero_tiles import zero_tiles_fused
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    from .zero_tiles import store_zero_tiles, stores_own_zeros
 
     @triton.jit
     def _gated_up_rows(
@@ -124,15 +118,13 @@ if HAS_TRITON:
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
         TAIL_SPLIT: tl.constexpr,
-        FUSED_ZEROS: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
         part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
-        if tile_start >= count:  # fully inactive tile: zeros only (``zero_tiles``: here, or by an active program)
-            if stores_own_zeros(count, FUSED_ZEROS):
-                h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
-                tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
+        if tile_start >= count:  # fully inactive tile: zeros only
+            h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
         elif part == BLOCK_M:
             _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
                            out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
@@ -147,10 +139,6 @@ if HAS_TRITON:
                 _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
                                rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE, ACTIVATION,
                                BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
-
-        if FUSED_ZEROS:
-            if tile_start < count:  # this program's share of the group's zero-only tiles
-                store_zero_tiles(h_ptr, tokens_ptr, tile_start, count, offs_n, valid_n, M, N, GROUP_SIZE, BLOCK_M)
 
 
 def default_config(num_tokens: int, group_size: int) -> dict:
@@ -207,7 +195,6 @@ def gated_up_gemm(
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
-        FUSED_ZEROS=zero_tiles_fused(cfg.get("ZERO_TILES", "own")),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -27,13 +27,10 @@ from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_gro
 from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .tma_weights import use_tma, weight_descriptors
 from .tail_split import tail_split
-from .zero_tiles import zero_tiles_fused
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    from .zero_tiles import store_zero_tiles, stores_own_zeros
 
     @triton.jit
     def _output_group_rows(
@@ -108,15 +105,13 @@ if HAS_TRITON:
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
         TAIL_SPLIT: tl.constexpr,
-        FUSED_ZEROS: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
         part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
-        if tile_start >= count:  # fully inactive tile: zeros only (``zero_tiles``: here, or by an active program)
-            if stores_own_zeros(count, FUSED_ZEROS):
-                y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
-                tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
+        if tile_start >= count:  # fully inactive tile: zeros only
+            y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
         elif part == BLOCK_M:
             _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, rows, offs_m, count, offs_n, valid_n, out_mask, N,
                                K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
@@ -131,10 +126,6 @@ if HAS_TRITON:
                 _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows,
                                    offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE, HAS_BIAS, BLOCK_K,
                                    EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
-
-        if FUSED_ZEROS:
-            if tile_start < count:  # this program's share of the group's zero-only tiles
-                store_zero_tiles(y_ptr, tokens_ptr, tile_start, count, offs_n, valid_n, M, N, GROUP_SIZE, BLOCK_M)
 
 
 def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: int = 132) -> dict:
@@ -197,7 +188,6 @@ def output_groups_gemm(
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
-        FUSED_ZEROS=zero_tiles_fused(cfg.get("ZERO_TILES", "own")),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -113,20 +113,20 @@ def test_gelu_variants_and_batch_dims(weights, activation):
 def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
     """The prefill gate/up GEMM (TMA with 4 stages, the default; 3 stages; half-height last tiles) and the output-group
     GEMM of the query projection (TMA, with and without half-height last tiles) with weight tiles through tensor
-    descriptors; both also with the zero-only tiles stored by the active programs (``ZERO_TILES="fused"``)."""
+    descriptors."""
     gen = torch.Generator(device="cuda").manual_seed(m + len(kind))
     wg, wu = weights["gate"].to(torch.bfloat16), weights["up"].to(torch.bfloat16)
     x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
     mask = _mask(kind, m, INTER // FFN_GROUP, gen)
     for cfg in ({"TMA": True}, {"TMA": True, "num_stages": 3}, {"TMA": True, "TAIL_SPLIT": 2},
-                {"TMA": True, "TAIL_SPLIT": 4}, {"TMA": True, "TAIL_SPLIT": 2, "ZERO_TILES": "fused"}):
+                {"TMA": True, "TAIL_SPLIT": 4}):
         h = gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemm", config=cfg,
                             out=torch.full((m, INTER), float("nan"), dtype=torch.bfloat16, device="cuda"))
         _check(h, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu"), mask, FFN_GROUP)
     wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
     attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
     for cfg in ({"TMA": True}, {"TMA": True, "TAIL_SPLIT": 2},
-                {"TMA": True, "TAIL_SPLIT": 4}, {"TMA": True, "TAIL_SPLIT": 2, "ZERO_TILES": "fused"}):
+                {"TMA": True, "TAIL_SPLIT": 4}):
         q = output_group_linear(x, wq, attn_mask, ATTN_GROUP, bias, path="gemm", config=cfg,
                                 out=torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
         _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)

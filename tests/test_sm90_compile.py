@@ -50,18 +50,16 @@ out["decode"] = kernel_stats(compile_sm90(
          INPUT_PRECISION="tf32", BLOCK_N=64, USE_GDC=False), ("qk_scale",), 4, 2))
 gemm = dict(BLOCK_M=128, BLOCK_K=64, EVEN_K=True, EVEN_N=True, GROUP_N=8, UPCAST=False, DOT_PRECISION="tf32",
             USE_TMA=True, WARP_SPECIALIZE=False, TAIL_SPLIT=2)
-for fused in (False, True):
-    suffix = "_fused_zeros" if fused else ""
-    out["gated_up_tma" + suffix] = kernel_stats(compile_sm90(
-        _gated_up_gemm_kernel,
-        {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
-         "wg_desc": "tensordesc<bf16[128, 64]>", "wu_desc": "tensordesc<bf16[128, 64]>"},
-        dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128, FUSED_ZEROS=fused), (), 8, 4))
-    out["query_tma" + suffix] = kernel_stats(compile_sm90(
-        _output_groups_gemm_kernel,
-        {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
-         "w_desc": "tensordesc<bf16[256, 64]>"},
-        dict(gemm, GROUP_SIZE=512, TILES_PER_GROUP=2, HAS_BIAS=False, BLOCK_N=256, FUSED_ZEROS=fused), (), 8, 3))
+out["gated_up_tma"] = kernel_stats(compile_sm90(
+    _gated_up_gemm_kernel,
+    {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
+     "wg_desc": "tensordesc<bf16[128, 64]>", "wu_desc": "tensordesc<bf16[128, 64]>"},
+    dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128), (), 8, 4))
+out["query_tma"] = kernel_stats(compile_sm90(
+    _output_groups_gemm_kernel,
+    {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
+     "w_desc": "tensordesc<bf16[256, 64]>"},
+    dict(gemm, GROUP_SIZE=512, TILES_PER_GROUP=2, HAS_BIAS=False, BLOCK_N=256), (), 8, 3))
 print("RESULT " + json.dumps(out))
 '''
 
@@ -83,7 +81,7 @@ def stats() -> dict:
 
 
 @pytest.mark.parametrize("name", ["prefill_4k_tma", "prefill_4k_tma_mask_tiles", "prefill_causal_tma",
-                                  "gated_up_tma", "query_tma", "gated_up_tma_fused_zeros", "query_tma_fused_zeros"])
+                                  "gated_up_tma", "query_tma"])
 def test_tma_configurations_copy_through_tma(stats, name):
     s = stats[name]
     assert s["tma"] > 0 and s["wgmma"] > 0, s

@@ -207,9 +207,7 @@ def test_output_group_gemms_tail_split(k, m, kind):
     """``TAIL_SPLIT`` (gate/up and the output-group GEMM): a group's last tile with at most half / a quarter of its
     rows active runs the products on that many rows and stores zeros for the rest. With 64-row tiles "counts" gives
     the groups 1, 16, 17, 32, 33, 63, 64 and 65 active tokens: tails at, below and above a quarter and a half.
-    16-row tiles keep whole tiles (a half would be below ``tl.dot``'s 16 rows). ``ZERO_TILES="fused"``: the active
-    programs store the zero-only tiles (several each with 16-row tiles; none left with "all"; a group without an
-    active token, "none", keeps its own); the outputs start poisoned, so a tile nobody wrote fails the check."""
+    16-row tiles keep whole tiles (a half would be below ``tl.dot``'s 16 rows)."""
     gen = torch.Generator().manual_seed(m + len(kind))
     dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
     d, gs, counts = 80, 16, (1, 16, 17, 32, 33, 63, 64, 65)
@@ -224,17 +222,13 @@ def test_output_group_gemms_tail_split(k, m, kind):
         mask = _mask(kind, m, len(counts), gen)
     bias = torch.randn(n, generator=gen).to(dtype)
     for cfg in ({"TAIL_SPLIT": 2}, {"TAIL_SPLIT": 2, "TMA": True}, {"TAIL_SPLIT": 4, "BLOCK_M": 64},
-                {"TAIL_SPLIT": 4, "BLOCK_M": 64, "TMA": True}, {"TAIL_SPLIT": 2, "BLOCK_M": 16},
-                {"TAIL_SPLIT": 2, "ZERO_TILES": "fused"}, {"BLOCK_M": 16, "ZERO_TILES": "fused"},
-                {"TAIL_SPLIT": 4, "BLOCK_M": 64, "TMA": True, "ZERO_TILES": "fused"}):
+                {"TAIL_SPLIT": 4, "BLOCK_M": 64, "TMA": True}, {"TAIL_SPLIT": 2, "BLOCK_M": 16}):
         h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
         _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
         y = lin.output_group_linear(x, wg, mask, gs, bias, path="gemm", config=cfg, out=_poisoned((m, n), dtype))
         _check(y, ref.output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
     with pytest.raises(ValueError, match="TAIL_SPLIT must be one of"):
         lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config={"TAIL_SPLIT": 3})
-    with pytest.raises(ValueError, match="ZERO_TILES must be one of"):
-        lin.output_group_linear(x, wg, mask, gs, bias, path="gemm", config={"ZERO_TILES": "none"})
 
 
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
@@ -531,21 +525,3 @@ def test_output_groups_with_dense_falls_back_and_checks(k):
         fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa.float()], [None])
     with pytest.raises(ValueError, match="2 dense weights but 1 dense biases"):
         fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa, wa], [None])
-
-
-@pytest.mark.parametrize("kind", ["random", "none"])
-def test_fused_zero_tiles_with_several_column_tiles_per_group(k, kind):
-    """``ZERO_TILES="fused"`` when a group spans two column tiles (``BLOCK_N`` 16 of a 32-wide group): each column
-    tile's active programs store that tile's zero-only rows."""
-    gen = torch.Generator().manual_seed(len(kind))
-    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
-    m, d, gs, groups = 70, 48, 32, 3
-    x = torch.randn(m, d, generator=gen).to(dtype)
-    wg, wu = ((torch.randn(gs * groups, d, generator=gen) / 7).to(dtype) for _ in range(2))
-    mask = _mask(kind, m, groups, gen)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "ZERO_TILES": "fused"}
-    h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg,
-                            out=_poisoned((m, gs * groups), dtype))
-    _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
-    y = lin.output_group_linear(x, wg, mask, gs, None, path="gemm", config=cfg, out=_poisoned((m, gs * groups), dtype))
-    _check(y, ref.output_group_linear_reference(x, wg, mask, gs, None), dtype, mask, gs)
