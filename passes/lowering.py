@@ -27,6 +27,9 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
    backend option).
 6. The rotary embedding's cos / sin table, when several layers read it: ``wide::realize`` after it, so Inductor
    computes it once per forward instead of inside every layer's RoPE (``rotary_realize``).
+7. The query's rotary embedding after a joined q / k / v op of 3 (prefill-sized inference graphs): the op takes the
+   tables and returns the rotated query, which its GEMM rotates before storing it (``query_rope_epilogue``; the
+   ``wide.fuse_query_rope`` backend option).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
@@ -49,6 +52,7 @@ from .attention_lowering import lower_attention_queries
 from .mask_extents_sharing import share_mask_extents
 from .rotary_realize import realize_rotary_tables
 from .dense_siblings import fuse_dense_siblings
+from .query_rope_epilogue import move_query_rotations
 from .router_lowering import lower_router_decisions
 from .torch_patterns import (
     activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank, wide_op_name,
@@ -213,14 +217,15 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
             result.generic.append(f"{mask_node.name}: kept, its value feeds {users} ({why})")
 
 
-def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
-                        one_token_routers: str = "reduction", dense_siblings: bool = True) -> LoweringResult:
+def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token_routers: str = "reduction",
+                        dense_siblings: bool = True, query_rope: bool = True) -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
     ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the
     token count is in the range where it measured faster, and one-token decisions as ``one_token_routers`` says
     (``passes/router_lowering.py``). ``dense_siblings``: last, join each lowered query projection and the dense
-    linears of its input (key, value) into one op (``passes/dense_siblings.py``; inference graphs only)."""
+    linears of its input (key, value) into one op (``passes/dense_siblings.py``; inference graphs only).
+    ``query_rope``: then move each query's rotary embedding into that op (``passes/query_rope_epilogue.py``)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:
@@ -243,6 +248,10 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True,
     tables = realize_rotary_tables(gm.graph)
     if tables:
         result.stored["rotary tables"] = tables
+    if dense_siblings and query_rope:
+        moved = move_query_rotations(gm.graph)
+        if moved:
+            result.lowered["query_rope_epilogue"] = moved
     gm.graph.lint()
     gm.recompile()
     return result

@@ -18,6 +18,8 @@ also a quarter) of its rows active runs the K loop on that many rows, as in ``ge
 
 ``WARP_SPECIALIZE`` (config key, off by default): the K loop with Triton's automatic warp specialisation, as in
 ``gemm_gated_up``.
+
+``rotary=``: the query's rotary embedding applied to each tile before its store (``rotary_epilogue``).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 
 from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_group_tile, sm_count, tail_part, tail_rows
 from .group_gemm_tiles import load_token_rows, load_weight_tile
+from .rotary_epilogue import epilogue_ok
 from .tma_weights import use_tma, weight_descriptors
 from .tail_split import tail_split
 
@@ -32,10 +35,14 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from .rotary_epilogue import rotate_rows
+
     @triton.jit
     def _output_group_rows(
-        x_ptr, w_ptr, b_ptr, y_ptr, w_desc, rows, offs_m, count, offs_n, valid_n, out_mask, N, K,
+        x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, rows, offs_m, count, offs_n, valid_n, out_mask,
+        N, K,
         HAS_BIAS: tl.constexpr,
+        ROTARY_DIM: tl.constexpr,
         BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr,
         EVEN_N: tl.constexpr,
@@ -44,8 +51,8 @@ if HAS_TRITON:
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
     ):
-        """``y[rows, n tile]`` of one tile (as many rows as ``rows`` holds): the K loop, the bias, zeros for rows at
-        or past ``count``, one store."""
+        """``y[rows, n tile]`` of one tile (as many rows as ``rows`` holds): the K loop, the bias, the rotary
+        embedding when ``ROTARY_DIM`` (``rotary_epilogue``), zeros for rows at or past ``count``, one store."""
         offs_k = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
         w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
@@ -59,16 +66,20 @@ if HAS_TRITON:
             w_ptrs += BLOCK_K
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=valid_n, other=0.0).to(tl.float32)[None, :]
+        if ROTARY_DIM > 0:
+            acc = rotate_rows(acc, cos_ptr, sin_ptr, rows, offs_m < count, period, ROTARY_DIM,
+                              y_ptr.dtype.element_ty)
         acc = tl.where((offs_m < count)[:, None], acc, 0.0)
         tl.store(y_ptr + rows[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _output_group_tail(
-        x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows, offs_n, valid_n, out_mask,
-        M, N, K,
+        x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, tile_start, count, offs_m, rows,
+        offs_n, valid_n, out_mask, M, N, K,
         PART: tl.constexpr,
         GROUP_SIZE: tl.constexpr,
         HAS_BIAS: tl.constexpr,
+        ROTARY_DIM: tl.constexpr,
         BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr,
         EVEN_N: tl.constexpr,
@@ -80,20 +91,21 @@ if HAS_TRITON:
         """A partly active tile whose active rows fit in its first ``PART`` rows: the K loop over those, zeros for
         the rest of the tile."""
         part_rows, part_offs, part_mask = tail_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE, PART)
-        _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, part_rows, part_offs, count, offs_n, valid_n,
-                           part_mask, N, K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
-                           WARP_SPECIALIZE)
+        _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, part_rows, part_offs, count,
+                           offs_n, valid_n, part_mask, N, K, HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST,
+                           DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
         rest = out_mask & (offs_m >= tile_start + PART)[:, None]
         tl.store(y_ptr + rows[:, None] * N + offs_n[None, :],
                  tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=y_ptr.dtype.element_ty), mask=rest)
 
     @triton.jit
     def _output_groups_gemm_kernel(
-        x_ptr, w_ptr, b_ptr, y_ptr, tokens_ptr, counts_ptr, w_desc,
-        M, N, K,
+        x_ptr, w_ptr, b_ptr, y_ptr, tokens_ptr, counts_ptr, w_desc, cos_ptr, sin_ptr,
+        M, N, K, period,
         GROUP_SIZE: tl.constexpr,
         TILES_PER_GROUP: tl.constexpr,
         HAS_BIAS: tl.constexpr,
+        ROTARY_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -113,19 +125,21 @@ if HAS_TRITON:
             y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
             tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
         elif part == BLOCK_M:
-            _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, rows, offs_m, count, offs_n, valid_n, out_mask, N,
-                               K, HAS_BIAS, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
-                               WARP_SPECIALIZE)
+            _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, rows, offs_m, count,
+                               offs_n, valid_n, out_mask, N, K, HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST,
+                               DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
         elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
             if BLOCK_M // 2 >= 16:
-                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows,
-                                   offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, HAS_BIAS, BLOCK_K,
-                                   EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, tile_start,
+                                   count, offs_m, rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE,
+                                   HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                                   WARP_SPECIALIZE)
         else:
             if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
-                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, tokens_ptr, tile_start, count, offs_m, rows,
-                                   offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE, HAS_BIAS, BLOCK_K,
-                                   EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, tile_start,
+                                   count, offs_m, rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE,
+                                   HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                                   WARP_SPECIALIZE)
 
 
 def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: int = 132) -> dict:
@@ -159,12 +173,21 @@ def output_groups_gemm(
     group_size: int,
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    rotary: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
-    """Launch the kernel on checked, contiguous 2-D inputs; returns a new ``y[M, N]``."""
+    """Launch the kernel on checked, contiguous 2-D inputs; returns a new ``y[M, N]``. ``rotary``: ``(cos, sin,
+    period)`` from ``rotary_epilogue.table_rows`` (tables ``[rows, head_dim]``; token row ``m`` uses table row
+    ``m % period``): the output is rotated per head (``rotary_epilogue``; tiles widen to at least one head)."""
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
     sms = sm_count(x.device) if x.device.type == "cuda" else 132
     cfg = dict(default_config(num_tokens, group_size, n_dim // group_size, sms), **(config or {}))
+    rotary_dim = 0 if rotary is None else rotary[0].shape[-1]
+    if rotary_dim and "BLOCK_N" not in (config or {}):
+        cfg["BLOCK_N"] = max(cfg["BLOCK_N"], rotary_dim)
+    if rotary_dim and not epilogue_ok(rotary_dim, group_size, cfg["BLOCK_N"]):
+        raise ValueError(f"output_groups_gemm: the rotary epilogue needs a power-of-two head dim dividing BLOCK_N and "
+                         f"the group size, got head dim {rotary_dim}, BLOCK_N {cfg['BLOCK_N']}, group size {group_size}")
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     tiles_per_group = cdiv(group_size, block_n)
@@ -173,10 +196,12 @@ def output_groups_gemm(
     desc = weight_descriptors((weight,), block_n, block_k)[0] if tma else weight
     _output_groups_gemm_kernel[grid](
         x, weight, bias if bias is not None else x, y, group_tokens, group_counts, desc,
-        num_tokens, n_dim, k_dim,
+        *(rotary[:2] if rotary is not None else (x, x)),
+        num_tokens, n_dim, k_dim, rotary[2] if rotary is not None else 1,
         GROUP_SIZE=group_size,
         TILES_PER_GROUP=tiles_per_group,
         HAS_BIAS=bias is not None,
+        ROTARY_DIM=rotary_dim,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

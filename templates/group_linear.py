@@ -24,6 +24,7 @@ from .group_linear_reference import (
     output_group_linear_reference,
 )
 from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_rows
+from .rotary_epilogue import check_rotary, epilogue_ok, kernel_tables, rotate_reference
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Most tokens for which the "auto" path takes the GEMV. With i.i.d. masks a few dozen tokens already need almost
@@ -175,17 +176,23 @@ def output_group_linear(
     path: str = "auto",
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``y[..., N]``: ``(x @ W.T + b)[m, n]`` if ``mask[m, n // group_size]`` else exactly 0.
 
     ``path``: ``"auto"`` (GEMV for <= 128 tokens, else GEMM), ``"gemv"`` or ``"gemm"``; ``config``
     overrides kernel tile sizes (benchmarking). A plan without the needed tables is completed here.
+    ``rotary``: ``(cos, sin)`` tables ``[B or 1, T, head_dim]`` for ``x[B, T, K]``: ``y`` is returned with HF's rotary
+    embedding applied per head (``rotary_epilogue``: inside the GEMM where its tiles allow, else after it).
     """
     op = "output_group_linear"
     _check(op, x, {"weight": weight}, mask, group_size, "N", bias, plan, path)
     out2 = _check_out(op, out, x, weight.shape[0])
+    if rotary is not None:
+        check_rotary(op, x, weight.shape[0], group_size, *rotary)
     if not can_run_triton(x):
-        return _finish(output_group_linear_reference(x, weight, mask, group_size, bias), out)
+        y = output_group_linear_reference(x, weight, mask, group_size, bias)
+        return _finish(y if rotary is None else rotate_reference(y, *rotary), out)
     lead, k_dim, n_dim = x.shape[:-1], x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k_dim).contiguous()
     weight = weight.contiguous()
@@ -195,15 +202,20 @@ def output_group_linear(
     if _use_gemv(path, x2.shape[0], GEMV_MAX_TOKENS[op]):
         from .gemv_decode import output_groups_gemv
 
-        y = output_groups_gemv(x2, weight, bias, mask_rows(mask), group_size, config=config, out=out2)
+        y = output_groups_gemv(x2, weight, bias, mask_rows(mask), group_size, config=config,
+                               out=out2 if rotary is None else None)
     else:
         from .gemm_output_groups import output_groups_gemm
 
         p = _plan_for(plan, mask, "output")
-        y = output_groups_gemm(
-            x2, weight, bias, p.group_tokens, p.group_counts, group_size, config=config, out=out2
-        )
-    return _finish(y.reshape(*lead, n_dim), out)
+        in_epilogue = rotary is not None and epilogue_ok(rotary[0].shape[-1], group_size, rotary[0].shape[-1])
+        y = output_groups_gemm(x2, weight, bias, p.group_tokens, p.group_counts, group_size, config=config,
+                               out=out2 if rotary is None or in_epilogue else None,
+                               rotary=kernel_tables(*rotary, x) if in_epilogue else None)
+        if in_epilogue:
+            return _finish(y.reshape(*lead, n_dim), out)
+    y = y.reshape(*lead, n_dim)
+    return _finish(y if rotary is None else rotate_reference(y, *rotary), out)
 
 
 def gated_up_groups(

@@ -132,6 +132,33 @@ def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
         _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)
 
 
+@pytest.mark.parametrize("batch, m", [(1, 4096), (2, 1000), (1, 300)])
+@pytest.mark.parametrize("kind", ["random", "all", "none"])
+def test_query_gemm_rotary_epilogue(weights, batch, m, kind):
+    """The query GEMM with HF's rotary embedding in its epilogue (``rotary_epilogue``, the e2e prefill's default
+    tiles) against the same GEMM unrotated and rotated in fp32 afterwards (as Inductor's fused kernel computes it:
+    equal but for FMA contraction, at most one unit in the last place) and against the eager bf16 reference."""
+    from wide_compile.templates.rotary_epilogue import rotate_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(m + batch + len(kind))
+    wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
+    x = torch.randn(batch, m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    mask = _mask(kind, batch * m, HIDDEN // ATTN_GROUP, gen).view(batch, m, -1)
+    inv = 1.0 / 500000 ** (torch.arange(0, 128, 2, device="cuda").float() / 128)
+    angles = torch.arange(m, device="cuda").float()[:, None] * inv
+    angles = torch.cat((angles, angles), -1)[None]
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    q = output_group_linear(x, wq, mask, ATTN_GROUP, bias, rotary=(cos, sin),
+                            out=torch.full((batch, m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
+    plain = output_group_linear(x, wq, mask, ATTN_GROUP, bias)
+    heads = plain.view(batch, m, 32, 128).float()
+    rotated = torch.cat((-heads[..., 64:], heads[..., :64]), -1)
+    fp32 = (heads * cos.float()[:, :, None] + rotated * sin.float()[:, :, None]).view(batch, m, HIDDEN)
+    assert not torch.isnan(q).any()
+    assert ((q.float() - fp32).abs() <= fp32.abs() * 2 ** -7 + 1e-6).all(), "more than one bf16 rounding apart"
+    _check(q, rotate_reference(plain, cos, sin), mask, ATTN_GROUP)
+
+
 def test_plan_tables_on_gpu():
     gen = torch.Generator(device="cuda").manual_seed(1)
     mask = torch.rand(3000, 112, generator=gen, device="cuda") < 0.5

@@ -5,7 +5,7 @@ early ``return`` in a constexpr branch over a TMA descriptor, stop 18) or paths 
 descriptors) passed the CPU suite and failed on the device. This compiles the launch configurations the end-to-end
 prefill uses (``wide_compile.testing.sm90_compile``, Triton's bundled ptxas) in a process without
 ``TRITON_INTERPRET`` and checks what came out: tensor-core MMAs, TMA copies where the configuration asks for them
-and none where it does not, and no register spills.
+and none where it does not, no register spills, and the query GEMM's rotary epilogue within its shared memory.
 """
 from __future__ import annotations
 
@@ -55,11 +55,11 @@ out["gated_up_tma"] = kernel_stats(compile_sm90(
     {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
      "wg_desc": "tensordesc<bf16[128, 64]>", "wu_desc": "tensordesc<bf16[128, 64]>"},
     dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128), (), 8, 4))
-out["query_tma"] = kernel_stats(compile_sm90(
-    _output_groups_gemm_kernel,
-    {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
-     "w_desc": "tensordesc<bf16[256, 64]>"},
-    dict(gemm, GROUP_SIZE=512, TILES_PER_GROUP=2, HAS_BIAS=False, BLOCK_N=256), (), 8, 3))
+query = {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
+         "w_desc": "tensordesc<bf16[256, 64]>", "cos_ptr": bf, "sin_ptr": bf}
+for name, rotary_dim in (("query_tma", 0), ("query_tma_rotary", 128)):
+    out[name] = kernel_stats(compile_sm90(_output_groups_gemm_kernel, query, dict(
+        gemm, GROUP_SIZE=512, TILES_PER_GROUP=2, HAS_BIAS=False, ROTARY_DIM=rotary_dim, BLOCK_N=256), (), 8, 3))
 print("RESULT " + json.dumps(out))
 '''
 
@@ -81,7 +81,7 @@ def stats() -> dict:
 
 
 @pytest.mark.parametrize("name", ["prefill_4k_tma", "prefill_4k_tma_mask_tiles", "prefill_causal_tma",
-                                  "gated_up_tma", "query_tma"])
+                                  "gated_up_tma", "query_tma", "query_tma_rotary"])
 def test_tma_configurations_copy_through_tma(stats, name):
     s = stats[name]
     assert s["tma"] > 0 and s["wgmma"] > 0, s
@@ -100,3 +100,10 @@ def test_no_register_spills(stats):
     assert not spilled, spilled
     assert stats["prefill_4k_tma"]["registers"] < stats["prefill_4k_pointers"]["registers"]
     assert stats["decode"]["wgmma"] == 0  # decode tiles are mma.sync-sized (16 rows at most)
+
+
+def test_rotary_epilogue_keeps_the_query_gemm_in_its_shared_memory(stats):
+    """The rotation's reshapes go through shared memory once the K loop is done: the kernel must not need more than
+    the un-rotated one's pipeline buffers (one program per SM either way) nor more than the H200's 227 KB."""
+    plain, rotary = stats["query_tma"], stats["query_tma_rotary"]
+    assert rotary["smem"] <= max(plain["smem"], 64 * 1024) and rotary["smem"] <= 227 * 1024, (plain, rotary)

@@ -1,9 +1,12 @@
 """``wide::output_group_linear_with_dense``: a lowered query projection and the dense linears beside it, as one op
 (what ``passes/dense_siblings.py`` inserts).
 
-``wide::output_group_linear_with_dense(x, mask, weight, bias, group_size, dense_weights, dense_biases) -> Tensor[]``
-equals ``[wide::output_group_linear(x, mask, weight, bias, group_size), linear(x, dense_weights[i],
-dense_biases[i]) for each i]``: typically the query projection and the key and value projections of one attention.
+``wide::output_group_linear_with_dense(x, mask, weight, bias, group_size, dense_weights, dense_biases, cos=None,
+sin=None) -> Tensor[]`` equals ``[wide::output_group_linear(x, mask, weight, bias, group_size), linear(x,
+dense_weights[i], dense_biases[i]) for each i]``: typically the query projection and the key and value projections of
+one attention. With rotary tables ``cos`` / ``sin`` (``[B or 1, T, head_dim]`` for ``x[B, T, K]``) the first result is
+the query after HF's rotary embedding, per head (``passes/query_rope_epilogue.py``; in a prefill the GEMM applies it
+before its store, ``templates/rotary_epilogue.py``).
 
 Devices: on CUDA the template (``templates/group_linear_with_dense.py``: at most 16 tokens and one or two dense
 linears of one shape run as one GEMV launch; otherwise each result from its own kernel); on every other device the
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .kernel_ops import _check_output_group_args, _kernel_ok, mask_groups
+from .templates.rotary_epilogue import check_rotary, rotate_reference
 
 
 def _check(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> None:
@@ -35,37 +39,54 @@ def _check(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Non
                          f"got {tuple(b.shape)}")
 
 
-def _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases) -> list[Tensor]:
-    return [mask_groups(F.linear(x, weight, bias), mask, group_size),
+def _rotary(x: Tensor, weight: Tensor, group_size: int, cos: Tensor | None, sin: Tensor | None):
+    """``(cos, sin)`` checked against the query's output, or None when neither is given."""
+    if cos is None and sin is None:
+        return None
+    if cos is None or sin is None:
+        raise ValueError("output_group_linear_with_dense: pass both rotary tables cos and sin, or neither")
+    check_rotary("output_group_linear_with_dense", x, weight.shape[0], group_size, cos, sin)
+    return cos, sin
+
+
+def _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases, rotary) -> list[Tensor]:
+    y = mask_groups(F.linear(x, weight, bias), mask, group_size)
+    return [y if rotary is None else rotate_reference(y, *rotary),
             *(F.linear(x, w, b) for w, b in zip(dense_weights, dense_biases))]
 
 
 @torch.library.custom_op("wide::output_group_linear_with_dense", mutates_args=())
 def output_group_linear_with_dense(x: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, group_size: int,
-                                   dense_weights: list[Tensor], dense_biases: list[Tensor | None]) -> list[Tensor]:
-    """``[group_mask(linear(x, weight, bias), mask, group_size), *linear(x, w_i, b_i)]`` (see module docstring)."""
+                                   dense_weights: list[Tensor], dense_biases: list[Tensor | None],
+                                   cos: Tensor | None = None, sin: Tensor | None = None) -> list[Tensor]:
+    """``[group_mask(linear(x, weight, bias), mask, group_size), *linear(x, w_i, b_i)]``, the first rotated when
+    ``cos`` / ``sin`` are given (see module docstring)."""
     _check_output_group_args(x, mask, weight, bias, group_size)
     _check(x, dense_weights, dense_biases)
-    return _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases)
+    rotary = _rotary(x, weight, group_size, cos, sin)
+    return _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases, rotary)
 
 
 @output_group_linear_with_dense.register_fake
-def _(x, mask, weight, bias, group_size, dense_weights, dense_biases):
+def _(x, mask, weight, bias, group_size, dense_weights, dense_biases, cos=None, sin=None):
     _check_output_group_args(x, mask, weight, bias, group_size)
     _check(x, dense_weights, dense_biases)
+    _rotary(x, weight, group_size, cos, sin)
     return [x.new_empty((*x.shape[:-1], w.shape[0])) for w in (weight, *dense_weights)]
 
 
 @output_group_linear_with_dense.register_kernel("cuda")
-def output_group_linear_with_dense_kernel(x, mask, weight, bias, group_size, dense_weights, dense_biases):
+def output_group_linear_with_dense_kernel(x, mask, weight, bias, group_size, dense_weights, dense_biases, cos=None,
+                                          sin=None):
     """The template path (registered for CUDA; callable on CPU under ``TRITON_INTERPRET=1`` for tests)."""
     _check_output_group_args(x, mask, weight, bias, group_size)
     _check(x, dense_weights, dense_biases)
-    if not _kernel_ok(x, weight, bias, *dense_weights, *dense_biases):
-        return _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases)
+    rotary = _rotary(x, weight, group_size, cos, sin)
+    if not _kernel_ok(x, weight, bias, *dense_weights, *dense_biases, cos, sin):
+        return _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases, rotary)
     from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense as template
 
-    return template(x, weight, mask, group_size, bias, list(dense_weights), list(dense_biases))
+    return template(x, weight, mask, group_size, bias, list(dense_weights), list(dense_biases), rotary=rotary)
 
 
 __all__ = ["output_group_linear_with_dense"]

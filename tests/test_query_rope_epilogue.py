@@ -1,0 +1,172 @@
+"""The query's rotary embedding in its projection: the GEMM epilogue (``templates/rotary_epilogue.py``, interpreter on
+CPU), the op's ``cos`` / ``sin`` arguments (``wide::output_group_linear_with_dense``) and the pass that moves HF's
+rotation there (``passes/query_rope_epilogue.py``).
+
+- kernel: the output-group GEMM with ``rotary=`` equals the reference rotation of the reference projection (fp32
+  exactly, fp16 within one rounding), ragged token counts, tables shared or per sequence, all-active / all-inactive /
+  random masks, output poisoned first; other paths (GEMV, a head dim the epilogue cannot take) rotate afterwards;
+- errors: tables of the wrong shape, dtype, or a head dim that does not divide the group;
+- the op on CPU equals HF's rotation of its query, fakes agree (opcheck);
+- the pass: a compiled tiny Llama / Qwen2 prefill (above the GEMV range) moves every query rotation (logits equal eager
+  bit for bit, fp32 and bf16); decode-sized graphs, the option off and graphs that need gradients keep HF's rotation.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from test_backend_attention import wide_model  # noqa: E402
+
+import wide_compile  # noqa: E402
+import wide_compile.dense_siblings_op  # noqa: E402, F401  (registers the op)
+from wide_compile.passes.query_rope_epilogue import MIN_TOKENS  # noqa: E402
+from wide_compile.passes.torch_patterns import wide_op_names  # noqa: E402
+from wide_compile.templates import group_linear as gl  # noqa: E402
+from wide_compile.templates.group_linear_reference import output_group_linear_reference  # noqa: E402
+from wide_compile.templates.rotary_epilogue import rotate_reference  # noqa: E402
+
+op = torch.ops.wide.output_group_linear_with_dense
+
+
+def tables(batch: int, tokens: int, head_dim: int, dtype, seed: int = 0):
+    """Rotary tables like HF's (``cat(freqs, freqs)``) plus a per-table offset, so per-sequence tables differ."""
+    gen = torch.Generator().manual_seed(seed)
+    freqs = torch.rand(head_dim // 2, generator=gen)
+    angles = torch.arange(tokens).float()[None, :, None] * freqs.repeat(2) + torch.arange(batch).float()[:, None, None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def problem(batch, tokens, k_dim, n_dim, group_size, head_dim, dtype, mask_kind="random", table_batch=1, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, tokens, k_dim, generator=gen).to(dtype)
+    w = (torch.randn(n_dim, k_dim, generator=gen) / k_dim ** 0.5).to(dtype)
+    b = torch.randn(n_dim, generator=gen).to(dtype)
+    groups = n_dim // group_size
+    mask = {"random": torch.rand(batch, tokens, groups, generator=gen) < 0.5,
+            "all": torch.ones(batch, tokens, groups, dtype=torch.bool),
+            "none": torch.zeros(batch, tokens, groups, dtype=torch.bool)}[mask_kind]
+    return x, w, b, mask, tables(table_batch, tokens, head_dim, dtype, seed)
+
+
+def expected(x, w, b, mask, group_size, rotary):
+    return rotate_reference(output_group_linear_reference(x, w, mask, group_size, b), *rotary)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("batch, tokens, table_batch", [(1, 37, 1), (2, 40, 1), (2, 33, 2)])
+@pytest.mark.parametrize("mask_kind", ["random", "all", "none"])
+def test_gemm_epilogue_equals_the_reference_rotation(dtype, batch, tokens, table_batch, mask_kind):
+    x, w, b, mask, rotary = problem(batch, tokens, 64, 128, 32, 16, dtype, mask_kind, table_batch)
+    out = torch.full((batch, tokens, 128), float("nan"), dtype=dtype)
+    y = gl.output_group_linear(x, w, mask, 32, b, path="gemm", rotary=rotary, out=out)
+    want = expected(x, w, b, mask, 32, rotary)
+    assert y.data_ptr() == out.data_ptr() and not torch.isnan(y).any()
+    assert torch.equal(y[~mask.repeat_interleave(32, -1)], torch.zeros_like(y[~mask.repeat_interleave(32, -1)]))
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, want, rtol=0, atol=1e-6)
+    else:  # the kernel rounds once, the reference after each fp16 op
+        torch.testing.assert_close(y, want, rtol=2e-3, atol=4e-3)
+    unrotated = output_group_linear_reference(x, w, mask, 32, b)
+    if mask_kind != "none":
+        assert not torch.allclose(y.float(), unrotated.float(), atol=1e-2)  # the rotation did something
+
+
+@pytest.mark.parametrize("path, head_dim, group_size, config", [
+    ("gemv", 16, 32, None),     # decode path: rotated after the GEMV
+    ("gemm", 12, 24, None),     # not a power of two: rotated after the GEMM
+    ("gemm", 32, 64, {"BLOCK_M": 16, "TAIL_SPLIT": 2}),  # tiles widened to a head, split tails
+])
+def test_other_paths_rotate_the_same(path, head_dim, group_size, config):
+    x, w, b, mask, rotary = problem(1, 45, 48, 4 * group_size, group_size, head_dim, torch.float32, seed=3)
+    y = gl.output_group_linear(x, w, mask, group_size, b, path=path, rotary=rotary, config=config)
+    torch.testing.assert_close(y, expected(x, w, b, mask, group_size, rotary), rtol=0, atol=1e-6)
+
+
+def test_bad_rotary_tables_raise():
+    x, w, b, mask, (cos, sin) = problem(2, 20, 32, 64, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match="do not fit x"):
+        gl.output_group_linear(x, w, mask, 32, b, rotary=(cos[:, :5], sin[:, :5]))
+    with pytest.raises(TypeError, match="rotary cos must be torch.float32"):
+        gl.output_group_linear(x, w, mask, 32, b, rotary=(cos.half(), sin))
+    with pytest.raises(ValueError, match="rotary head_dim 24 must be even and divide"):
+        c, s = tables(1, 20, 24, torch.float32)
+        gl.output_group_linear(x, w, mask, 32, b, rotary=(c, s))
+    with pytest.raises(ValueError, match=r"needs x of shape \[B, T, K\]"):
+        gl.output_group_linear(x[0], w, mask[0], 32, b, rotary=(cos, sin))
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        gl.output_group_linear(x, w, mask, 32, b, path="gemm", rotary=(cos, sin), config={"BLOCK_N": 8})
+
+
+def test_op_rotates_its_query_and_checks_the_tables():
+    x, w, b, mask, rotary = problem(1, 9, 48, 64, 32, 16, torch.float32, seed=5)
+    wk = torch.randn(16, 48)
+    q, k = op(x, mask.float(), w, b, 32, [wk], [None], *rotary)
+    q_hf = (F.linear(x, w, b) * mask.float().repeat_interleave(32, -1)).view(1, 9, 4, 16).transpose(1, 2)
+    half = 8
+    cos, sin = (t.unsqueeze(1) for t in rotary)
+    q_embed = q_hf * cos + torch.cat((-q_hf[..., half:], q_hf[..., :half]), dim=-1) * sin
+    assert torch.equal(q.view(1, 9, 4, 16).transpose(1, 2), q_embed) and torch.equal(k, F.linear(x, wk))
+    torch.library.opcheck(op.default, (x, mask.float(), w, b, 32, [wk], [None], *rotary),
+                          test_utils=("test_schema", "test_faketensor"))
+    with pytest.raises(ValueError, match="pass both rotary tables"):
+        op(x, mask.float(), w, b, 32, [wk], [None], rotary[0])
+
+
+def test_op_kernel_path_under_the_interpreter():
+    """The op's CUDA implementation (templates) on CPU: above the GEMV range the GEMM rotates in its epilogue."""
+    from wide_compile.dense_siblings_op import output_group_linear_with_dense_kernel
+
+    x, w, b, mask, rotary = problem(1, MIN_TOKENS + 3, 32, 64, 32, 16, torch.float32, seed=7)
+    wk, wv = torch.randn(16, 32), torch.randn(16, 32)
+    q, k, v = output_group_linear_with_dense_kernel(x, mask.float(), w, b, 32, [wk, wv], [None, None], *rotary)
+    torch.testing.assert_close(q, expected(x, w, b, mask, 32, rotary), rtol=0, atol=1e-5)
+    torch.testing.assert_close(k, F.linear(x, wk), rtol=0, atol=1e-5)
+
+
+def compile_prefill(model, tokens: int, options=None, grad: bool = False):
+    torch._dynamo.reset()
+    wide_compile.backend.reset_compile_report()
+    ids = torch.randint(3, 120, (1, tokens), generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(model, backend="wide", options={"wide.inner": "eager", **(options or {})})
+    with torch.set_grad_enabled(grad):
+        actual = compiled(ids, use_cache=False).logits
+        want = model(ids, use_cache=False).logits
+    (graph,) = wide_compile.compile_report(model).graphs
+    return actual, want, graph
+
+
+def negs(graph) -> int:
+    return sum(n.op == "call_function" and getattr(n.target, "__name__", "") == "neg"
+               for n in graph.graph_module.graph.nodes)
+
+
+@pytest.mark.parametrize("family, dtype", [("llama", torch.float32), ("llama", torch.bfloat16),
+                                           ("qwen2", torch.float32)])
+def test_prefill_graph_moves_every_query_rotation(family, dtype):
+    model = wide_model(family, dtype)
+    actual, want, graph = compile_prefill(model, MIN_TOKENS + 11)
+    assert torch.equal(actual, want)
+    layers = model.config.num_hidden_layers
+    assert graph.lowered.get("query_rope_epilogue") == layers, graph.lowered
+    rotating = [n for n in graph.graph_module.graph.nodes if n.op == "call_function" and n.target is op.default]
+    assert len(rotating) == layers and all(len(n.args) == 9 for n in rotating)
+    assert negs(graph) == layers  # the keys' rotate_half in each layer; the queries' went into the projection
+
+
+@pytest.mark.parametrize("tokens, options, grad", [(7, {}, False), (MIN_TOKENS + 11, {"wide.fuse_query_rope": False},
+                                                                     False), (MIN_TOKENS + 11, {}, True)])
+def test_decode_option_off_and_training_keep_hf_rotation(tokens, options, grad):
+    model = wide_model("llama")
+    if grad:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    actual, want, graph = compile_prefill(model, tokens, options, grad)
+    torch.testing.assert_close(actual, want, rtol=0, atol=0)
+    assert "query_rope_epilogue" not in graph.lowered, graph.lowered
+    assert negs(graph) == 2 * model.config.num_hidden_layers
+    with pytest.raises(ValueError, match="'wide.fuse_query_rope' must be a bool"):
+        wide_compile.backend.parse_settings(None, {"wide.fuse_query_rope": 1})
