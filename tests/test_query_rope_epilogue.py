@@ -79,6 +79,7 @@ def test_gemm_epilogue_equals_the_reference_rotation(dtype, batch, tokens, table
     ("gemv", 16, 32, None),     # decode path: rotated after the GEMV
     ("gemm", 12, 24, None),     # not a power of two: rotated after the GEMM
     ("gemm", 32, 64, {"BLOCK_M": 16, "TAIL_SPLIT": 2}),  # tiles widened to a head, split tails
+    ("gemm", 16, 48, {"BLOCK_N": 32}),  # a group of 3 heads in 2 tiles, the second half valid (SmolLM2's 192 / 128)
 ])
 def test_other_paths_rotate_the_same(path, head_dim, group_size, config):
     x, w, b, mask, rotary = problem(1, 45, 48, 4 * group_size, group_size, head_dim, torch.float32, seed=3)
