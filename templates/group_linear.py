@@ -199,23 +199,23 @@ def output_group_linear(
     bias = bias.contiguous() if bias is not None else None
     if x2.shape[0] == 0:
         return x.new_empty(*lead, n_dim) if out is None else out
+    after = rotary  # rotary tables still to apply once the kernel is done
     if _use_gemv(path, x2.shape[0], GEMV_MAX_TOKENS[op]):
         from .gemv_decode import output_groups_gemv
 
         y = output_groups_gemv(x2, weight, bias, mask_rows(mask), group_size, config=config,
-                               out=out2 if rotary is None else None)
+                               out=out2 if after is None else None)
     else:
         from .gemm_output_groups import output_groups_gemm
 
         p = _plan_for(plan, mask, "output")
-        in_epilogue = rotary is not None and epilogue_ok(rotary[0].shape[-1], group_size, rotary[0].shape[-1])
+        if rotary is not None and epilogue_ok(rotary[0].shape[-1], group_size, rotary[0].shape[-1]):
+            after = None  # the GEMM's epilogue rotates
         y = output_groups_gemm(x2, weight, bias, p.group_tokens, p.group_counts, group_size, config=config,
-                               out=out2 if rotary is None or in_epilogue else None,
-                               rotary=kernel_tables(*rotary, x) if in_epilogue else None)
-        if in_epilogue:
-            return _finish(y.reshape(*lead, n_dim), out)
+                               out=out2 if after is None else None,
+                               rotary=kernel_tables(*rotary, x) if rotary is not None and after is None else None)
     y = y.reshape(*lead, n_dim)
-    return _finish(y if rotary is None else rotate_reference(y, *rotary), out)
+    return _finish(y if after is None else rotate_reference(y, *after), out)
 
 
 def gated_up_groups(
