@@ -132,31 +132,45 @@ def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
         _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)
 
 
-@pytest.mark.parametrize("batch, m", [(1, 4096), (2, 1000), (1, 300)])
-@pytest.mark.parametrize("kind", ["random", "all", "none"])
-def test_query_gemm_rotary_epilogue(weights, batch, m, kind):
-    """The query GEMM with HF's rotary embedding in its epilogue (``rotary_epilogue``, the e2e prefill's default
-    tiles) against the same GEMM unrotated and rotated in fp32 afterwards (as Inductor's fused kernel computes it:
-    equal but for FMA contraction, at most one unit in the last place) and against the eager bf16 reference."""
-    from wide_compile.templates.rotary_epilogue import rotate_reference
-
-    gen = torch.Generator(device="cuda").manual_seed(m + batch + len(kind))
-    wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
-    x = torch.randn(batch, m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
-    mask = _mask(kind, batch * m, HIDDEN // ATTN_GROUP, gen).view(batch, m, -1)
-    inv = 1.0 / 500000 ** (torch.arange(0, 128, 2, device="cuda").float() / 128)
+def _rope_tables(m: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim)
     angles = torch.arange(m, device="cuda").float()[:, None] * inv
     angles = torch.cat((angles, angles), -1)[None]
-    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
-    q = output_group_linear(x, wq, mask, ATTN_GROUP, bias, rotary=(cos, sin),
-                            out=torch.full((batch, m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
-    plain = output_group_linear(x, wq, mask, ATTN_GROUP, bias)
-    heads = plain.view(batch, m, 32, 128).float()
-    rotated = torch.cat((-heads[..., 64:], heads[..., :64]), -1)
-    fp32 = (heads * cos.float()[:, :, None] + rotated * sin.float()[:, :, None]).view(batch, m, HIDDEN)
+    return angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", ["llama3-8b", "smollm2"])
+@pytest.mark.parametrize("batch, m", [(1, 4096), (2, 1000), (1, 300)])
+@pytest.mark.parametrize("kind", ["random", "all", "none"])
+def test_query_gemm_rotary_epilogue(weights, shape, batch, m, kind):
+    """The query GEMM with HF's rotary embedding in its epilogue (``rotary_epilogue``, the e2e prefill's default
+    tiles) against the same GEMM unrotated and rotated in fp32 afterwards (as Inductor's fused kernel computes it:
+    equal but for FMA contraction, at most one unit in the last place) and against the eager bf16 reference. Shapes:
+    Llama-3-8B (groups of 4 heads x 128) and SmolLM2-135M (hidden 576, groups of 3 heads x 64: a group's second
+    128-column tile holds one head)."""
+    from wide_compile.templates.rotary_epilogue import rotate_reference
+
+    hidden, group, head_dim, theta = (HIDDEN, ATTN_GROUP, 128, 500000.0) if shape == "llama3-8b" else (576, 192, 64,
+                                                                                                       100000.0)
+    gen = torch.Generator(device="cuda").manual_seed(m + batch + len(kind) + hidden)
+    if shape == "llama3-8b":
+        wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
+    else:
+        wq = (torch.randn(hidden, hidden, generator=gen, device="cuda") / hidden ** 0.5).to(torch.bfloat16)
+        bias = None
+    x = torch.randn(batch, m, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    mask = _mask(kind, batch * m, hidden // group, gen).view(batch, m, -1)
+    cos, sin = _rope_tables(m, head_dim, theta)
+    q = output_group_linear(x, wq, mask, group, bias, rotary=(cos, sin),
+                            out=torch.full((batch, m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda"))
+    plain = output_group_linear(x, wq, mask, group, bias)
+    heads = plain.view(batch, m, hidden // head_dim, head_dim).float()
+    half = head_dim // 2
+    rotated = torch.cat((-heads[..., half:], heads[..., :half]), -1)
+    fp32 = (heads * cos.float()[:, :, None] + rotated * sin.float()[:, :, None]).view(batch, m, hidden)
     assert not torch.isnan(q).any()
     assert ((q.float() - fp32).abs() <= fp32.abs() * 2 ** -7 + 1e-6).all(), "more than one bf16 rounding apart"
-    _check(q, rotate_reference(plain, cos, sin), mask, ATTN_GROUP)
+    _check(q, rotate_reference(plain, cos, sin), mask, group)
 
 
 def test_plan_tables_on_gpu():
