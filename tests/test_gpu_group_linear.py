@@ -173,6 +173,31 @@ def test_query_gemm_rotary_epilogue(weights, shape, batch, m, kind):
     _check(q, rotate_reference(plain, cos, sin), mask, group)
 
 
+@pytest.mark.parametrize("head_dim, group_size, hidden, m", [(16, 32, 128, 300), (32, 64, 256, 300),
+                                                          (256, 512, 2048, 4096), (16, 32, 128, 4096)])
+def test_rotary_epilogue_other_head_dims(head_dim, group_size, hidden, m):
+    """The GEMM's rotary epilogue at head dims ``output_group_linear`` does not send it yet
+    (``rotary_epilogue.GPU_TESTED_HEAD_DIMS``), called directly: once this passes on the H200, those head dims can
+    join that list. Against the un-rotated GEMM rotated in fp32 (at most one bf16 rounding apart)."""
+    from wide_compile.templates.gemm_output_groups import output_groups_gemm
+    from wide_compile.templates.rotary_epilogue import kernel_tables
+
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + m)
+    w = (torch.randn(hidden, hidden, generator=gen, device="cuda") / hidden ** 0.5).to(torch.bfloat16)
+    x = torch.randn(1, m, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    mask = _mask("random", m, hidden // group_size, gen)
+    plan = build_group_plan(mask, parts=("output",))
+    cos, sin = _rope_tables(m, head_dim, 10000.0)
+    q = output_groups_gemm(x[0], w, None, plan.group_tokens, plan.group_counts, group_size,
+                           rotary=kernel_tables(cos, sin, x))
+    plain = output_groups_gemm(x[0], w, None, plan.group_tokens, plan.group_counts, group_size)
+    heads = plain.view(m, hidden // head_dim, head_dim).float()
+    half = head_dim // 2
+    rotated = torch.cat((-heads[..., half:], heads[..., :half]), -1)
+    fp32 = (heads * cos.float()[0, :, None] + rotated * sin.float()[0, :, None]).view(m, hidden)
+    assert ((q.float() - fp32).abs() <= fp32.abs() * 2 ** -7 + 1e-6).all(), "more than one bf16 rounding apart"
+
+
 def test_plan_tables_on_gpu():
     gen = torch.Generator(device="cuda").manual_seed(1)
     mask = torch.rand(3000, 112, generator=gen, device="cuda") < 0.5
