@@ -12,11 +12,12 @@ returns the rotated query (``wide_compile/dense_siblings_op.py``), which its pre
 (``templates/rotary_epilogue.py``), so Inductor's RoPE kernel no longer reads and writes the whole query. The keys'
 rotation stays where it is (it feeds the KV cache).
 
-Rewritten only where it is the same computation: the rotated query is HF's formula on exactly this projection's
-output, nothing else reads the unrotated query, nothing needs a gradient, the tables come before the projection in the
-graph, and the token count is static and above the query projection's GEMV range (``MIN_TOKENS``: decode steps take
-the GEMV, which would rotate afterwards, gaining nothing). The backend option ``"wide.fuse_query_rope"`` turns it
-off.
+Rewritten only where it is the same computation and the GEMM will rotate: the rotated query is HF's formula on
+exactly this projection's output, nothing else reads the unrotated query, nothing needs a gradient, the tables come
+before the projection in the graph, the token count is static and above the query projection's GEMV range
+(``MIN_TOKENS``: decode steps take the GEMV, which would rotate afterwards, gaining nothing), and the head dim and
+group size let the epilogue run (``rotary_epilogue.epilogue_applies``; elsewhere Inductor's fused RoPE kernel is
+faster than a rotation after the GEMM). The backend option ``"wide.fuse_query_rope"`` turns it off.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from torch import fx
 import wide_compile.dense_siblings_op  # noqa: F401  (registers wide::output_group_linear_with_dense)
 
 from ..templates.group_linear import GEMV_MAX_TOKENS
+from ..templates.rotary_epilogue import epilogue_applies
 from .rotary_pattern import match_rotation
 from .torch_patterns import example_value
 
@@ -89,7 +91,7 @@ def move_query_rotations(graph: fx.Graph, min_tokens: int = MIN_TOKENS) -> int:
         tokens = _tokens(qkv.args[0])
         if value is None or value.requires_grad or tokens is None or tokens < min_tokens:
             continue
-        if max(order[cos], order[sin]) > order[qkv]:
+        if max(order[cos], order[sin]) > order[qkv] or not epilogue_applies(value.shape[-1], qkv.args[4]):
             continue
         qkv.args = (*qkv.args, cos, sin)
         q_embed.replace_all_uses_with(q)

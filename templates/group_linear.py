@@ -24,7 +24,7 @@ from .group_linear_reference import (
     output_group_linear_reference,
 )
 from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_rows
-from .rotary_epilogue import GPU_TESTED_HEAD_DIMS, check_rotary, epilogue_ok, kernel_tables, rotate_reference
+from .rotary_epilogue import check_rotary, epilogue_applies, kernel_tables, rotate_reference
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Most tokens for which the "auto" path takes the GEMV. With i.i.d. masks a few dozen tokens already need almost
@@ -209,8 +209,7 @@ def output_group_linear(
         from .gemm_output_groups import output_groups_gemm
 
         p = _plan_for(plan, mask, "output")
-        head_dim = 0 if rotary is None else rotary[0].shape[-1]
-        if head_dim in GPU_TESTED_HEAD_DIMS and epilogue_ok(head_dim, group_size, head_dim):
+        if rotary is not None and epilogue_applies(rotary[0].shape[-1], group_size):
             after = None  # the GEMM's epilogue rotates
         y = output_groups_gemm(x2, weight, bias, p.group_tokens, p.group_counts, group_size, config=config,
                                out=out2 if after is None else None,

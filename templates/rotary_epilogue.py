@@ -63,6 +63,13 @@ def epilogue_ok(head_dim: int, group_size: int, block_n: int) -> bool:
     return head_dim >= 2 and head_dim & (head_dim - 1) == 0 and block_n % head_dim == 0 and group_size % head_dim == 0
 
 
+def epilogue_applies(head_dim: int, group_size: int) -> bool:
+    """Whether ``output_group_linear`` rotates in the GEMM (``epilogue_ok`` at a head dim the GPU tests cover); the
+    query-rotation pass moves HF's rotation into the projection only then (elsewhere Inductor's fused RoPE kernel is
+    faster than rotating after the GEMM)."""
+    return head_dim in GPU_TESTED_HEAD_DIMS and epilogue_ok(head_dim, group_size, head_dim)
+
+
 def kernel_tables(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The GEMM's ``rotary=`` argument: both tables as contiguous ``[(B or 1) * T, D]`` and the period of the table
     row of a flattened token row of ``x[B, T, K]`` (``T`` for shared tables, every row its own otherwise)."""
@@ -105,4 +112,4 @@ if HAS_TRITON:
         return tl.reshape(tl.permute(tl.join(out_lo, out_hi), [0, 1, 3, 2]), [n_rows, n_cols])
 
 
-__all__ = ["GPU_TESTED_HEAD_DIMS", "check_rotary", "epilogue_ok", "kernel_tables", "rotate_reference"]
+__all__ = ["GPU_TESTED_HEAD_DIMS", "check_rotary", "epilogue_applies", "epilogue_ok", "kernel_tables", "rotate_reference"]

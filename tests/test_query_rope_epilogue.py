@@ -8,8 +8,9 @@ rotation there (``passes/query_rope_epilogue.py``).
   epilogue cannot take or the GPU tests have not run) rotate afterwards;
 - errors: tables of the wrong shape, dtype, or a head dim that does not divide the group;
 - the op on CPU equals HF's rotation of its query, fakes agree (opcheck);
-- the pass: a compiled tiny Llama / Qwen2 prefill (above the GEMV range) moves every query rotation (logits equal eager
-  bit for bit, fp32 and bf16); decode-sized graphs, the option off and graphs that need gradients keep HF's rotation.
+- the pass: a compiled tiny Llama / Qwen2 prefill (head dim 64, above the GEMV range) moves every query rotation
+  (logits equal eager bit for bit, fp32 and bf16); decode-sized graphs, the option off, graphs that need gradients and
+  head dims the GPU tests do not cover keep HF's rotation.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from test_backend_attention import wide_model  # noqa: E402
 
 import wide_compile  # noqa: E402
 import wide_compile.dense_siblings_op  # noqa: E402, F401  (registers the op)
@@ -151,6 +151,19 @@ def test_op_kernel_path_under_the_interpreter():
     torch.testing.assert_close(k, F.linear(x, wk), rtol=0, atol=1e-5)
 
 
+def wide_model_head_dim(family: str, head_dim: int = 64, dtype=torch.float32):
+    """A tiny ``family`` model with heads of ``head_dim`` (the rotary epilogue runs only at GPU-tested head dims)."""
+    from transformers import AutoModelForCausalLM
+
+    from wide_compile.testing.tiny_models import tiny_config
+
+    config = tiny_config(family)
+    config.head_dim = head_dim
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    return wide_compile.apply(model, sparsity=0.5, ffn_group_size=32)
+
+
 def compile_prefill(model, tokens: int, options=None, grad: bool = False):
     torch._dynamo.reset()
     wide_compile.backend.reset_compile_report()
@@ -171,7 +184,7 @@ def negs(graph) -> int:
 @pytest.mark.parametrize("family, dtype", [("llama", torch.float32), ("llama", torch.bfloat16),
                                            ("qwen2", torch.float32)])
 def test_prefill_graph_moves_every_query_rotation(family, dtype):
-    model = wide_model(family, dtype)
+    model = wide_model_head_dim(family, 64, dtype)
     actual, want, graph = compile_prefill(model, MIN_TOKENS + 11)
     assert torch.equal(actual, want)
     layers = model.config.num_hidden_layers
@@ -181,10 +194,11 @@ def test_prefill_graph_moves_every_query_rotation(family, dtype):
     assert negs(graph) == layers  # the keys' rotate_half in each layer; the queries' went into the projection
 
 
-@pytest.mark.parametrize("tokens, options, grad", [(7, {}, False), (MIN_TOKENS + 11, {"wide.fuse_query_rope": False},
-                                                                     False), (MIN_TOKENS + 11, {}, True)])
-def test_decode_option_off_and_training_keep_hf_rotation(tokens, options, grad):
-    model = wide_model("llama")
+@pytest.mark.parametrize("head_dim, tokens, options, grad", [
+    (64, 7, {}, False), (64, MIN_TOKENS + 11, {"wide.fuse_query_rope": False}, False), (64, MIN_TOKENS + 11, {}, True),
+    (16, MIN_TOKENS + 11, {}, False)])  # a head dim the GPU tests do not cover: Inductor's RoPE, not the epilogue
+def test_decode_option_off_training_and_other_head_dims_keep_hf_rotation(head_dim, tokens, options, grad):
+    model = wide_model_head_dim("llama", head_dim)
     if grad:
         for p in model.parameters():
             p.requires_grad_(True)
