@@ -176,7 +176,7 @@ def output_groups_gemm(
     rotary: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Launch the kernel on checked, contiguous 2-D inputs; returns a new ``y[M, N]``. ``rotary``: ``(cos, sin,
-    period)`` from ``rotary_epilogue.table_rows`` (tables ``[rows, head_dim]``; token row ``m`` uses table row
+    period)`` from ``rotary_epilogue.kernel_tables`` (tables ``[rows, head_dim]``; token row ``m`` uses table row
     ``m % period``): the output is rotated per head (``rotary_epilogue``; tiles widen to at least one head)."""
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
@@ -187,7 +187,8 @@ def output_groups_gemm(
         cfg["BLOCK_N"] = max(cfg["BLOCK_N"], rotary_dim)
     if rotary_dim and not epilogue_ok(rotary_dim, group_size, cfg["BLOCK_N"]):
         raise ValueError(f"output_groups_gemm: the rotary epilogue needs a power-of-two head dim dividing BLOCK_N and "
-                         f"the group size, got head dim {rotary_dim}, BLOCK_N {cfg['BLOCK_N']}, group size {group_size}")
+                         f"the group size, got head dim {rotary_dim}, BLOCK_N {cfg['BLOCK_N']}, "
+                         f"group size {group_size}")
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     tiles_per_group = cdiv(group_size, block_n)

@@ -112,4 +112,5 @@ if HAS_TRITON:
         return tl.reshape(tl.permute(tl.join(out_lo, out_hi), [0, 1, 3, 2]), [n_rows, n_cols])
 
 
-__all__ = ["GPU_TESTED_HEAD_DIMS", "check_rotary", "epilogue_applies", "epilogue_ok", "kernel_tables", "rotate_reference"]
+__all__ = ["GPU_TESTED_HEAD_DIMS", "check_rotary", "epilogue_applies", "epilogue_ok", "kernel_tables",
+           "rotate_reference"]

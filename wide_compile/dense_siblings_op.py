@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .kernel_ops import _check_output_group_args, _kernel_ok, mask_groups
-from .templates.rotary_epilogue import check_rotary, rotate_reference
 
 
 def _check(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> None:
@@ -45,11 +44,15 @@ def _rotary(x: Tensor, weight: Tensor, group_size: int, cos: Tensor | None, sin:
         return None
     if cos is None or sin is None:
         raise ValueError("output_group_linear_with_dense: pass both rotary tables cos and sin, or neither")
+    from .templates.rotary_epilogue import check_rotary  # here, as the other op modules: the package imports Triton
+
     check_rotary("output_group_linear_with_dense", x, weight.shape[0], group_size, cos, sin)
     return cos, sin
 
 
 def _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases, rotary) -> list[Tensor]:
+    from .templates.rotary_epilogue import rotate_reference
+
     y = mask_groups(F.linear(x, weight, bias), mask, group_size)
     return [y if rotary is None else rotate_reference(y, *rotary),
             *(F.linear(x, w, b) for w, b in zip(dense_weights, dense_biases))]
