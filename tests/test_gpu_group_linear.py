@@ -176,9 +176,9 @@ def test_query_gemm_rotary_epilogue(weights, shape, batch, m, kind):
 @pytest.mark.parametrize("head_dim, group_size, hidden, m", [(16, 32, 128, 300), (32, 64, 256, 300),
                                                           (256, 512, 2048, 4096), (16, 32, 128, 4096)])
 def test_rotary_epilogue_other_head_dims(head_dim, group_size, hidden, m):
-    """The GEMM's rotary epilogue at head dims ``output_group_linear`` does not send it yet
-    (``rotary_epilogue.GPU_TESTED_HEAD_DIMS``), called directly: once this passes on the H200, those head dims can
-    join that list. Against the un-rotated GEMM rotated in fp32 (at most one bf16 rounding apart)."""
+    """The GEMM's rotary epilogue at head dims other than the two models' (64, 128), called directly; these are in
+    ``rotary_epilogue.GPU_TESTED_HEAD_DIMS`` because this passed on the H200 (stop 20). Against the un-rotated GEMM
+    rotated in fp32 (at most one bf16 rounding apart)."""
     from wide_compile.templates.gemm_output_groups import output_groups_gemm
     from wide_compile.templates.rotary_epilogue import kernel_tables
 
