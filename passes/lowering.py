@@ -30,6 +30,8 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
 7. The query's rotary embedding after a joined q / k / v op of 3 (prefill-sized inference graphs): the op takes the
    tables and returns the rotated query, which its GEMM rotates before storing it (``query_rope_epilogue``; the
    ``wide.fuse_query_rope`` backend option).
+8. The mask's row order, when a joined q / k / v op and its core read the same mask of one sequence (prefill-sized
+   inference graphs): ``wide::group_rows`` once, passed to both (``row_order_sharing``).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
@@ -53,6 +55,7 @@ from .mask_extents_sharing import share_mask_extents
 from .rotary_realize import realize_rotary_tables
 from .dense_siblings import fuse_dense_siblings
 from .query_rope_epilogue import move_query_rotations
+from .row_order_sharing import share_row_orders
 from .router_lowering import lower_router_decisions
 from .torch_patterns import (
     activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank, wide_op_name,
@@ -225,7 +228,8 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
     token count is in the range where it measured faster, and one-token decisions as ``one_token_routers`` says
     (``passes/router_lowering.py``). ``dense_siblings``: last, join each lowered query projection and the dense
     linears of its input (key, value) into one op (``passes/dense_siblings.py``; inference graphs only).
-    ``query_rope``: then move each query's rotary embedding into that op (``passes/query_rope_epilogue.py``)."""
+    ``query_rope``: then move each query's rotary embedding into that op (``passes/query_rope_epilogue.py``). With
+    ``dense_siblings`` each such op and its attention core share one row order (``passes/row_order_sharing.py``)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:
@@ -252,6 +256,10 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
         moved = move_query_rotations(gm.graph)
         if moved:
             result.lowered["query_rope_epilogue"] = moved
+    if dense_siblings:
+        row_orders = share_row_orders(gm.graph)
+        if row_orders:
+            result.lowered["shared_row_order"] = row_orders
     gm.graph.lint()
     gm.recompile()
     return result

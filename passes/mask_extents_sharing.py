@@ -23,8 +23,9 @@ from wide_compile.templates.attention import MAX_DECODE_TOKENS
 from .group_flow import same_size
 from .torch_patterns import example_value
 
-_ARGS = ("q", "k", "v", "mask", "is_causal", "scale", "attn_mask", "attn_mask_extents")  # wide::group_attention
-_DEFAULTS = {"scale": None, "attn_mask": None, "attn_mask_extents": None}
+_ARGS = ("q", "k", "v", "mask", "is_causal", "scale", "attn_mask", "attn_mask_extents", "row_order",
+         "row_count")  # wide::group_attention
+_DEFAULTS = {"scale": None, "attn_mask": None, "attn_mask_extents": None, "row_order": None, "row_count": None}
 
 
 def _args(core: fx.Node) -> dict:

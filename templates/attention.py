@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .attention_checks import allocate_output, check_attention_inputs, interpreting
+from .attention_compact import check_row_order
 from .attention_decode import MAX_DECODE_ROWS, launch_decode
 from .attention_prefill import launch_prefill
 from .attention_reference import group_attention_reference
@@ -34,6 +35,7 @@ def group_attention(
     out: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     attn_mask_extents: torch.Tensor | None = None,
+    row_order: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Head-group-masked (GQA) attention; returns ``[B, Hq, T, D]``, or ``[B, T, Hq * D]`` with ``merge_heads``.
 
@@ -52,8 +54,13 @@ def group_attention(
         attn_mask_extents: optional row extents of ``attn_mask`` over the S keys
             (``attention_mask_extents.attn_mask_extents(attn_mask, S)``), computed once and shared by every attention
             with the same mask (a model's layers); the prefill kernel computes them itself when they are not given.
+        row_order: optional ``(order, count)`` of ``head_mask`` (``wide::group_rows``: each (sequence, group)'s tokens,
+            active first), computed once and shared with the query projection; the prefill kernel computes it
+            itself when it is not given (decode does not use it).
     """
     dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask, attn_mask_extents)
+    if row_order is not None:
+        check_row_order("group_attention", row_order, head_mask)
     result, view = allocate_output(q, dims, merge_heads, out)
     if q.device.type != "cuda" and not interpreting():
         view.copy_(group_attention_reference(q, k, v, head_mask, causal=causal, scale=dims.scale,
@@ -65,5 +72,5 @@ def group_attention(
         launch_decode(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask)
     else:
         launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask,
-                       attn_mask_extents=attn_mask_extents)
+                       attn_mask_extents=attn_mask_extents, row_order=row_order)
     return result

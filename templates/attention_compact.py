@@ -13,8 +13,9 @@ import triton
 import triton.language as tl
 
 from .list_scan import scan_launch
+from .row_order import check_row_order, compact_active_rows_reference
 
-__all__ = ["compact_active_rows", "compact_active_rows_reference"]
+__all__ = ["check_row_order", "compact_active_rows", "compact_active_rows_reference"]
 
 
 @triton.jit
@@ -51,13 +52,3 @@ def compact_active_rows(head_mask: torch.Tensor, scan: dict | None = None) -> tu
         **scan_launch(q_len, **(scan or {})),
     )
     return order, count
-
-
-def compact_active_rows_reference(head_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """PyTorch version: active tokens ascending, then inactive tokens descending; and the active counts."""
-    active = (head_mask != 0).transpose(1, 2)  # [B, G, T]
-    q_len = active.shape[-1]
-    t = torch.arange(q_len, device=head_mask.device).expand_as(active)
-    key = torch.where(active, t, 2 * q_len - t)  # actives sort first (ascending), inactives after (descending)
-    order = torch.sort(key, dim=-1).indices.to(torch.int32)
-    return order, active.sum(dim=-1, dtype=torch.int32)

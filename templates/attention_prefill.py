@@ -43,7 +43,7 @@ from .attention_block import attend_block, load_key_block, load_value_block
 from .attention_checks import (
     AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, expand_attn_mask_extents, interpreting,
 )
-from .attention_compact import compact_active_rows
+from .attention_compact import check_row_order, compact_active_rows
 from .attention_mask_extents import attn_mask_extents as attn_mask_extents_of
 from .attention_mask_extents import check_attn_mask_extents
 
@@ -383,23 +383,24 @@ def kv_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int
 def launch_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
     dims: AttentionDims, causal: bool, config: dict | None = None, attn_mask: torch.Tensor | None = None,
-    attn_mask_extents: torch.Tensor | None = None,
+    attn_mask_extents: torch.Tensor | None = None, row_order: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Run the prefill kernel into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
     ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``H_PACK`` and ``TMA``) overrides
     :func:`prefill_config`; ``TMA``: K / V blocks as TMA boxes where :func:`kv_tma_ok` allows (else pointer loads);
     ``attn_mask``: the checked boolean mask (see ``attention_checks.expand_attn_mask``); ``attn_mask_extents``: its
-    row extents if already computed (``attention_mask_extents.attn_mask_extents``), else they are computed here.
+    row extents if already computed (``attention_mask_extents.attn_mask_extents``), else they are computed here;
+    ``row_order``: ``(order, count)`` of ``head_mask`` if already computed (``wide::group_rows``), else computed here.
     """
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if interpreting() and q.dtype == torch.bfloat16:  # the interpreter mis-computes bf16: run in fp32
         staging = torch.empty(out.shape, dtype=torch.float32, device=out.device)
         launch_prefill(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, config, attn_mask,
-                       attn_mask_extents)
+                       attn_mask_extents, row_order)
         out.copy_(staging)
         return
-    order, count = compact_active_rows(head_mask)
+    order, count = compact_active_rows(head_mask) if row_order is None else row_order
     amask = ext = None
     if attn_mask is not None:
         amask = expand_attn_mask(attn_mask, dims)
@@ -446,6 +447,7 @@ def group_attention_prefill(
     out: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     attn_mask_extents: torch.Tensor | None = None,
+    row_order: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Head-group-masked attention with the prefill (flash, row-compacting) kernel for any T.
 
@@ -453,9 +455,11 @@ def group_attention_prefill(
     :func:`wide_compile.templates.attention.group_attention` for the semantics.
     """
     dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask, attn_mask_extents)
+    if row_order is not None:
+        check_row_order("group_attention_prefill", row_order, head_mask)
     result, view = allocate_output(q, dims, merge_heads, out)
     if dims.q_len > 0:
         launch_prefill(q, k, v, head_mask, view, dims, causal, attn_mask=attn_mask,
-                       attn_mask_extents=attn_mask_extents)
+                       attn_mask_extents=attn_mask_extents, row_order=row_order)
     return result
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ._triton_utils import can_run_triton
 from .group_linear import _check, _use_gemv, output_group_linear
-from .group_plan import mask_rows
+from .group_plan import GroupPlan, mask_rows
 from .rotary_epilogue import check_rotary, rotate_reference
 
 MAX_DENSE = 2  # dense linears fused into one launch
@@ -58,9 +58,10 @@ def output_group_linear_with_dense(
     path: str = "auto",
     config: dict | None = None,
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+    plan: GroupPlan | None = None,
 ) -> list[torch.Tensor]:
     """``[y, *dense]``: the output-group linear (exact zeros in inactive groups) and each dense linear of ``x``;
-    ``rotary`` as in ``output_group_linear`` (``y`` after the rotary embedding)."""
+    ``rotary`` and ``plan`` (the mask's tables, when computed once for several ops) as in ``output_group_linear``."""
     _check("output_group_linear_with_dense", x, {"weight": weight}, mask, group_size, "N", bias, None, path)
     _check_dense(x, list(dense_weights), list(dense_biases))
     if rotary is not None:
@@ -68,7 +69,7 @@ def output_group_linear_with_dense(
     lead, k_dim = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k_dim).contiguous()
     if x2.shape[0] == 0 or not _fusable(x2, bias, dense_weights, dense_biases, path):
-        return [output_group_linear(x, weight, mask, group_size, bias, path=path, config=config, rotary=rotary),
+        return [output_group_linear(x, weight, mask, group_size, bias, plan, path=path, config=config, rotary=rotary),
                 *(F.linear(x, w, b) for w, b in zip(dense_weights, dense_biases))]
     from .gemv_decode import output_groups_gemv
 

@@ -153,6 +153,15 @@ def mask_rows(mask: torch.Tensor) -> torch.Tensor:
     return m.contiguous()
 
 
+def plan_from_row_order(mask: torch.Tensor, order: torch.Tensor, count: torch.Tensor) -> GroupPlan | None:
+    """The output tables of one sequence's ``mask[1, T, G]`` from its row order (``wide::group_rows``: ``order[1, G,
+    T]``, ``count[1, G]``), which are the same lists (``row_order``); None for several sequences, whose row order is
+    per sequence while these lists run over all their tokens."""
+    if mask.dim() != 3 or mask.shape[0] != 1:
+        return None
+    return GroupPlan(mask.shape[1], mask.shape[2], mask_rows(mask), group_tokens=order[0], group_counts=count[0])
+
+
 def default_block_m(num_tokens: int) -> int:
     """Token tile of the input-group GEMM: 64 for few tokens, else 128 (wider reuse of weight tiles)."""
     return 64 if num_tokens <= 64 else 128

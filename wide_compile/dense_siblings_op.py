@@ -6,7 +6,9 @@ sin=None) -> Tensor[]`` equals ``[wide::output_group_linear(x, mask, weight, bia
 dense_weights[i], dense_biases[i]) for each i]``: typically the query projection and the key and value projections of
 one attention. With rotary tables ``cos`` / ``sin`` (``[B or 1, T, head_dim]`` for ``x[B, T, K]``) the first result is
 the query after HF's rotary embedding, per head (``passes/query_rope_epilogue.py``; in a prefill the GEMM applies it
-before its store, ``templates/rotary_epilogue.py``).
+before its store, ``templates/rotary_epilogue.py``). ``row_order`` / ``row_count``: ``wide::group_rows(mask)`` when
+computed once for this op and its attention (``passes/row_order_sharing.py``); for one sequence they are the GEMM's
+per-group token lists, so it builds none (the value does not depend on them).
 
 Devices: on CUDA the template (``templates/group_linear_with_dense.py``: at most 16 tokens and one or two dense
 linears of one shape run as one GEMV launch; otherwise each result from its own kernel); on every other device the
@@ -38,6 +40,12 @@ def _check(x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Non
                          f"got {tuple(b.shape)}")
 
 
+def _rows(mask: Tensor, row_order: Tensor | None, row_count: Tensor | None):
+    from .templates.row_order import row_order_args  # here: importing the templates package imports Triton
+
+    return row_order_args("output_group_linear_with_dense", mask, row_order, row_count)
+
+
 def _rotary(x: Tensor, weight: Tensor, group_size: int, cos: Tensor | None, sin: Tensor | None):
     """``(cos, sin)`` checked against the query's output, or None when neither is given."""
     if cos is None and sin is None:
@@ -61,35 +69,43 @@ def _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases,
 @torch.library.custom_op("wide::output_group_linear_with_dense", mutates_args=())
 def output_group_linear_with_dense(x: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, group_size: int,
                                    dense_weights: list[Tensor], dense_biases: list[Tensor | None],
-                                   cos: Tensor | None = None, sin: Tensor | None = None) -> list[Tensor]:
+                                   cos: Tensor | None = None, sin: Tensor | None = None,
+                                   row_order: Tensor | None = None, row_count: Tensor | None = None) -> list[Tensor]:
     """``[group_mask(linear(x, weight, bias), mask, group_size), *linear(x, w_i, b_i)]``, the first rotated when
     ``cos`` / ``sin`` are given (see module docstring)."""
     _check_output_group_args(x, mask, weight, bias, group_size)
     _check(x, dense_weights, dense_biases)
+    _rows(mask, row_order, row_count)
     rotary = _rotary(x, weight, group_size, cos, sin)
     return _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases, rotary)
 
 
 @output_group_linear_with_dense.register_fake
-def _(x, mask, weight, bias, group_size, dense_weights, dense_biases, cos=None, sin=None):
+def _(x, mask, weight, bias, group_size, dense_weights, dense_biases, cos=None, sin=None, row_order=None,
+      row_count=None):
     _check_output_group_args(x, mask, weight, bias, group_size)
     _check(x, dense_weights, dense_biases)
+    _rows(mask, row_order, row_count)
     _rotary(x, weight, group_size, cos, sin)
     return [x.new_empty((*x.shape[:-1], w.shape[0])) for w in (weight, *dense_weights)]
 
 
 @output_group_linear_with_dense.register_kernel("cuda")
 def output_group_linear_with_dense_kernel(x, mask, weight, bias, group_size, dense_weights, dense_biases, cos=None,
-                                          sin=None):
+                                          sin=None, row_order=None, row_count=None):
     """The template path (registered for CUDA; callable on CPU under ``TRITON_INTERPRET=1`` for tests)."""
     _check_output_group_args(x, mask, weight, bias, group_size)
     _check(x, dense_weights, dense_biases)
+    rows = _rows(mask, row_order, row_count)
     rotary = _rotary(x, weight, group_size, cos, sin)
     if not _kernel_ok(x, weight, bias, *dense_weights, *dense_biases, cos, sin):
         return _expressions(x, mask, weight, bias, group_size, dense_weights, dense_biases, rotary)
     from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense as template
+    from wide_compile.templates.group_plan import plan_from_row_order
 
-    return template(x, weight, mask, group_size, bias, list(dense_weights), list(dense_biases), rotary=rotary)
+    plan = plan_from_row_order(mask, *rows) if rows is not None else None
+    return template(x, weight, mask, group_size, bias, list(dense_weights), list(dense_biases), rotary=rotary,
+                    plan=plan)
 
 
 __all__ = ["output_group_linear_with_dense"]

@@ -1,7 +1,7 @@
 """The lowered attention core ``wide::group_attention`` (put in place of SDPA by the ``wide`` backend).
 
-``wide::group_attention(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None)
--> o[B, H, T, D]``
+``wide::group_attention(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None, row_order=None,
+row_count=None) -> o[B, H, T, D]``
     ``o = scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale)`` (GQA when ``k``/``v`` have fewer
     heads) times 0 for the query heads of each token's inactive groups (``mask[B, T, G]``, group ``g`` = heads
     ``[g*H/G, (g+1)*H/G)``). On CUDA the head-group attention templates run when they compute exactly that (bf16 /
@@ -9,7 +9,9 @@
     bottom-right); backward recomputes the attention in fp32 math (it is not skipped).
 
 On other devices, and on CUDA for inputs the templates do not take, the op computes exactly that PyTorch
-expression, so a compiled CPU model matches eager.
+expression, so a compiled CPU model matches eager. ``attn_mask_extents`` (``wide::attn_mask_extents``) and
+``row_order`` / ``row_count`` (``wide::group_rows`` of ``mask``) are what the prefill template would compute, passed
+when computed once for several ops; the value does not depend on them.
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ def _check_group_attention_args(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, i
                  lambda: f"{op}: mask shape {tuple(mask.shape)} must be [batch={q.shape[0]}, tokens={q.shape[2]}, G]")
 
 
+def _rows(mask: Tensor, row_order: Tensor | None, row_count: Tensor | None):
+    from .templates.row_order import row_order_args  # here: importing the templates package imports Triton
+
+    return row_order_args("group_attention", mask, row_order, row_count)
+
+
 def head_mask(mask: Tensor, heads: int) -> Tensor:
     """``mask[B, T, G]`` -> ``[B, heads, T, 1]`` (group ``g`` = heads ``[g*heads/G, (g+1)*heads/G)``)."""
     return mask.transpose(1, 2).repeat_interleave(heads // mask.shape[2], dim=1).unsqueeze(-1)
@@ -66,12 +74,15 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float | None,
 
 @torch.library.custom_op("wide::group_attention", mutates_args=())
 def group_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool, scale: float | None = None,
-                    attn_mask: Tensor | None = None, attn_mask_extents: Tensor | None = None) -> Tensor:
+                    attn_mask: Tensor | None = None, attn_mask_extents: Tensor | None = None,
+                    row_order: Tensor | None = None, row_count: Tensor | None = None) -> Tensor:
     """``scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale)`` (GQA when k/v have
     fewer heads; ``attn_mask`` boolean, True = may attend) with the query heads of each token's inactive groups
     multiplied by 0 (see module docstring). ``attn_mask_extents``: ``wide::attn_mask_extents(attn_mask, S)`` when
-    computed once for several attentions (the CUDA templates use it; the value does not depend on it)."""
+    computed once for several attentions, ``row_order`` / ``row_count``: ``wide::group_rows(mask)`` when shared with
+    the query projection (the CUDA templates use them; the value does not depend on them)."""
     _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
+    _rows(mask, row_order, row_count)
     return _masked_sdpa(q, k, v, mask, is_causal, scale, attn_mask)
 
 
@@ -90,29 +101,32 @@ def _masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, is_causal: bool,
 
 
 @group_attention.register_fake
-def _(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None):
+def _(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None, row_order=None, row_count=None):
     _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
+    _rows(mask, row_order, row_count)
     batch, heads, tokens, dim = q.shape
     return q.new_empty((batch, tokens, heads, dim)).transpose(1, 2)  # token_major, whatever the layout of q
 
 
 @group_attention.register_kernel("cuda")
-def group_attention_kernel(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None):
+def group_attention_kernel(q, k, v, mask, is_causal, scale=None, attn_mask=None, attn_mask_extents=None,
+                           row_order=None, row_count=None):
     """The template path (skips the K/V reads and FLOPs of inactive (token, group) pairs). The templates align a
     causal mask bottom-right and SDPA top-left; they agree when ``T == S``, otherwise the PyTorch path runs."""
     _check_group_attention_args(q, k, v, mask, is_causal, attn_mask)
+    rows = _rows(mask, row_order, row_count)
     q_len, kv_len = q.shape[2], k.shape[2]
     if not _kernel_ok(q, k, v) or (is_causal and q_len != kv_len) or q.shape[-1] > 256 or kv_len == 0:
         return _masked_sdpa(q, k, v, mask, is_causal, scale, attn_mask)
     from wide_compile.templates import group_attention as template
 
     merged = template(q, k, v, mask, causal=is_causal, scale=scale, merge_heads=True, attn_mask=attn_mask,
-                      attn_mask_extents=attn_mask_extents)  # [B, T, H * D], written by the kernels directly
+                      attn_mask_extents=attn_mask_extents, row_order=rows)  # [B, T, H * D], written by the kernels
     return merged.unflatten(2, (q.shape[1], q.shape[3])).transpose(1, 2)
 
 
 def _ga_setup(ctx, inputs, output):
-    q, k, v, mask, is_causal, scale, attn_mask, _extents = inputs
+    q, k, v, mask, is_causal, scale, attn_mask = inputs[:7]
     ctx.save_for_backward(q, k, v, mask, attn_mask if attn_mask is not None else mask.new_empty(0))
     ctx.is_causal, ctx.scale, ctx.has_attn_mask = is_causal, scale, attn_mask is not None
 
@@ -149,7 +163,7 @@ def _ga_backward(ctx, grad):
     if need_mask:  # straight-through: the dense output of every head, skipped ones included
         per_head = (grad.to(acc) * out).sum(-1)  # [B, H, T]
         gmask = per_head.unflatten(1, (groups, heads // groups)).sum(2).transpose(1, 2).to(mask.dtype)
-    return gq, gk, gv, gmask, None, None, None, None
+    return gq, gk, gv, gmask, None, None, None, None, None, None
 
 
 group_attention.register_autograd(_ga_backward, setup_context=_ga_setup)

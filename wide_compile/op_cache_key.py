@@ -17,7 +17,7 @@ from pathlib import Path
 
 OP_MODULES = ("wide_compile.ops", "wide_compile.kernel_ops", "wide_compile.group_attention_op",
               "wide_compile.mask_extents_op", "wide_compile.router_mask_op", "wide_compile.dense_siblings_op",
-              "wide_compile.realize_op")
+              "wide_compile.realize_op", "wide_compile.group_rows_op")
 CACHE_KEY_CONFIG = "unsafe_marked_cacheable_functions"
 
 
