@@ -127,19 +127,27 @@ def test_two_sequences_and_decode_graphs_keep_their_own_orders(batch, tokens):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_compiled_prefill_with_shared_orders_matches_eager():
     """Inductor on CUDA, one 300-token sequence: every layer's query GEMM and attention kernel walk the one shared
-    order (and the query's rotation runs in the GEMM); logits match eager with the same forced masks."""
+    order. The same kernels compiled without the joined q / k / v op (so without the sharing) must give the same
+    logits bit for bit (the order is the same); eager, with the same forced masks, within bf16 tolerance. (Stop 19's
+    first version of this test failed on the H200 with no log of why; the messages below say where.)"""
     from test_backend_attention import random_masks
 
-    torch._dynamo.reset()
-    wide_compile.backend.reset_compile_report()
     model = wide_model("llama", dtype=torch.bfloat16).cuda()
     ids = torch.randint(3, 120, (1, 300), device="cuda")
     masks = {k: v.cuda() for k, v in random_masks(model, 1, 300, seed=5).items()}
-    compiled = torch.compile(model, backend="wide")
+    logits, lowered = {}, {}
+    for name, options in (("shared", {}), ("apart", {"wide.fuse_dense_siblings": False})):
+        torch._dynamo.reset()
+        wide_compile.backend.reset_compile_report()
+        compiled = torch.compile(model, backend="wide", options=options)
+        with torch.no_grad(), wide_compile.forced(model, masks):
+            logits[name] = compiled(ids, use_cache=False).logits.float()
+        lowered[name] = [g.lowered for g in wide_compile.compile_report(model).graphs]
     with torch.no_grad(), wide_compile.forced(model, masks):
         want = model(ids, use_cache=False).logits.float()
-        got = compiled(ids, use_cache=False).logits.float()
-    torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
-    (graph,) = wide_compile.compile_report(model).graphs
     layers = model.config.num_hidden_layers
-    assert graph.lowered.get("shared_row_order") == layers, graph.lowered
+    assert [g.get("shared_row_order") for g in lowered["shared"]] == [layers], lowered
+    assert all("shared_row_order" not in g for g in lowered["apart"]), lowered
+    diff = (logits["shared"] - logits["apart"]).abs().max().item()
+    assert diff == 0, f"shared vs separate orders differ by {diff}"
+    torch.testing.assert_close(logits["shared"], want, rtol=5e-2, atol=5e-2)
