@@ -490,6 +490,8 @@ def finalize(run: Run) -> None:
                 "time": _ratio(dense.get(metric, {}).get("median_ms"), wide.get(metric, {}).get("median_ms")),
                 "cold_time": _ratio(dense.get("ttft_cold", {}).get("median_ms"),
                                     wide.get("ttft_cold", {}).get("median_ms")),
+                "idle_time": _ratio(dense.get("ttft_idle", {}).get("median_ms"),
+                                    wide.get("ttft_idle", {}).get("median_ms")),
                 "first_call_s": _ratio(dense.get("first_call_s"), wide.get("first_call_s")),
                 "peak_allocated_gb": _ratio(dense.get("peak_allocated_gb"), wide.get("peak_allocated_gb")),
             }
@@ -549,6 +551,10 @@ def print_table(record: dict) -> None:
                 rows.append(("  one request from idle, ms", _fmt(dense.get("ttft_cold", {}).get("median_ms"), ".3f"),
                              _fmt(wide.get("ttft_cold", {}).get("median_ms"), ".3f"),
                              _fmt(ratios.get("cold_time"), ".2f", "x"), "", "") + ("", "") * active)
+                rows.append(("  card idle before each call, ms",
+                             _fmt(dense.get("ttft_idle", {}).get("median_ms"), ".3f"),
+                             _fmt(wide.get("ttft_idle", {}).get("median_ms"), ".3f"),
+                             _fmt(ratios.get("idle_time"), ".2f", "x"), "", "") + ("", "") * active)
             rows.append(("  first call s / peak GB",
                          f"{_fmt(dense.get('first_call_s'), '.1f')} / {_fmt(dense.get('peak_allocated_gb'), '.1f')}",
                          f"{_fmt(wide.get('first_call_s'), '.1f')} / {_fmt(wide.get('peak_allocated_gb'), '.1f')}",

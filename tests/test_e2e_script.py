@@ -30,12 +30,13 @@ def test_tiny_run_with_all_active_baseline(tmp_path):
         assert 0.3 < entry["wide"]["skip_rates"]["mean"] < 0.7  # random routers: about half skipped
         ratio = entry["dense"][metric]["median_ms"] / entry["wide_all_active"][metric]["median_ms"]
         assert abs(entry["dense_over_all_active"] - ratio) < 1e-9
-    for variant in ("dense", "wide"):  # one request from an idle device: wall clock, host work included
-        cold = prefill[variant]["ttft_cold"]
-        assert cold["n"] == 2 and cold["median_ms"] > 0
-    cold_ratio = prefill["dense"]["ttft_cold"]["median_ms"] / prefill["wide"]["ttft_cold"]["median_ms"]
-    assert abs(prefill["dense_over_wide"]["cold_time"] - cold_ratio) < 1e-9
-    assert "one request from idle" in proc.stdout
+    for variant in ("dense", "wide"):  # one request from an idle device (wall clock, host work included); each call
+        for key in ("ttft_cold", "ttft_idle"):  # on a rested card (device events)
+            assert prefill[variant][key]["n"] == 2 and prefill[variant][key]["median_ms"] > 0
+    for key, ratio in (("ttft_cold", "cold_time"), ("ttft_idle", "idle_time")):
+        want = prefill["dense"][key]["median_ms"] / prefill["wide"][key]["median_ms"]
+        assert abs(prefill["dense_over_wide"][ratio] - want) < 1e-9
+    assert "one request from idle" in proc.stdout and "card idle before each call" in proc.stdout
     assert record["settings"]["wide_options"] == {"wide.one_token_routers": "reduction"}
     assert record["settings"]["skip_guard_eval"] is True  # the timed calls ran without guard evaluation
     assert record["stages"]["decode[1]/wide"]["wide_compile_report"]["lowered"]["router_reduction"] == 8  # 4 layers

@@ -1,5 +1,11 @@
 """Timing in milliseconds: each call between two CUDA events on a GPU (one synchronisation after the series),
-``time.perf_counter`` elsewhere."""
+``time.perf_counter`` elsewhere.
+
+Back to back, a large model's calls keep an H200 at its power limit, where the SM clock drops well below its maximum
+(4096-token prefill of the Llama-3-8B shape: about 1620 MHz at 690 W against 1920 MHz with the card idle before each
+call, ``benchmarks/prefill_clock_probe.py``). :meth:`Clock.each` times that sustained regime;
+:meth:`Clock.each_after_idle` times each call on a rested card (a single request arriving at an idle server).
+"""
 
 from __future__ import annotations
 
@@ -49,6 +55,32 @@ class Clock:
             end.record()
         torch.cuda.synchronize()
         return [start.elapsed_time(end) for start, end in events]
+
+
+    def each_after_idle(self, fn: Callable[[int], object], n: int, before: Callable[[int], object] | None = None,
+                        idle_s: float = 0.1) -> list[float]:
+        """Milliseconds of ``fn(i)``, each call on a card left idle for ``idle_s`` first (GPU; elsewhere as
+        :meth:`each`: a CPU has no power state worth resting). A short device sleep between the rest and the start
+        event keeps the call's own host work (Dynamo, the graph launch) out of the span, as in :meth:`each`."""
+        if not self.cuda:
+            return self.each(fn, n, before)
+        times = []
+        for i in range(n):
+            if before is not None:
+                before(i)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            time.sleep(idle_s)
+            torch.cuda._sleep(HIDE_HOST_CYCLES)
+            start.record()
+            fn(i)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        return times
+
+
+HIDE_HOST_CYCLES = 20_000_000  # about 10 ms of device sleep at the H200's clock: longer than a call's host work
 
 
 def summary(times_ms: list[float]) -> dict:

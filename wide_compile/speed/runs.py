@@ -63,14 +63,17 @@ class DecodeRun:
         set_cache_length(self.cache, self.start)
 
 
-def time_prefill(run: PrefillRun, clock: Clock, runs: int, steady: Callable[[], ContextManager] = nullcontext) -> dict:
+def time_prefill(run: PrefillRun, clock: Clock, runs: int, steady: Callable[[], ContextManager] = nullcontext,
+                 idle_s: float = 0.1) -> dict:
     """Time to first token: median of ``runs`` prefills (after a first call, which compiles, and a second, which
     records CUDA graphs under ``reduce-overhead``). ``steady()`` is entered around the timed calls only (e.g.
     ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, once this shape is compiled).
 
-    ``ttft`` is each call between two device events, issued back to back (the host may run ahead of the device);
-    ``ttft_cold`` is the wall-clock time of one call from an idle device to its last kernel (host work before the
-    launch included): what a single request waits for."""
+    ``ttft`` is each call between two device events, issued back to back (the host may run ahead of the device; a
+    large model keeps the card at its power limit this way); ``ttft_cold`` is the wall-clock time of one call from an
+    idle device to its last kernel (host work before the launch included, calls one after the other);
+    ``ttft_idle`` is each call between two device events on a card rested for ``idle_s`` first
+    (:meth:`Clock.each_after_idle`: the device time of a single request at the card's higher clock)."""
     run.rewind()
     first_s = clock.wall(run.call)
     run.rewind()
@@ -83,7 +86,9 @@ def time_prefill(run: PrefillRun, clock: Clock, runs: int, steady: Callable[[], 
         for _ in range(runs):
             run.rewind()
             cold.append(clock.wall(run.call) * 1e3)
-    return {"ttft": summary(times), "ttft_cold": summary(cold), "first_call_s": first_s, "second_call_s": second_s,
+        idle = clock.each_after_idle(run.call, runs, before=run.rewind, idle_s=idle_s)
+    return {"ttft": summary(times), "ttft_cold": summary(cold), "ttft_idle": summary(idle), "idle_s": idle_s,
+            "first_call_s": first_s, "second_call_s": second_s,
             "prompt": run.length, "cache_slots": run.slots, "cache_gb": cache_bytes(run.cache) / 2**30}
 
 
