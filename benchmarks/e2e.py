@@ -376,7 +376,9 @@ def wide_report(model) -> dict:
     report = wide_compile.compile_report(model)
     generic = sorted({why for g in report.graphs for why in g.generic})
     return {"graphs": len(report.graphs), "recompiles": report.recompiles, "lowered": report.lowered,
-            "graph_breaks": report.graph_breaks, "generic_path": generic[:8], "text": str(report)[:4000]}
+            "graph_breaks": report.graph_breaks,
+            "skipped_frames": {k.splitlines()[0]: n for k, n in report.skipped_frames.items()},
+            "generic_path": generic[:8], "text": str(report)[:4000]}
 
 
 def run_stage(run: Run, kind: str, variant: str, shapes: list[int]) -> None:

@@ -409,6 +409,34 @@ def test_compile_report_is_per_model_and_counts_recompiles():
                               "masked_input_linear": 4, "output_group_linear_with_dense": 2}
     assert "1 recompile(s)" in str(report) and "[0/1]" in str(report)
     assert wide_compile.compile_report(torch.nn.Linear(2, 2)).graphs == []  # never compiled
+    assert report.skipped_frames == {} and "0 frame(s) run eagerly" in str(report)
+
+
+def test_compile_report_counts_frames_dynamo_ran_eagerly():
+    """A graph break Dynamo cannot resume from (here inside a generator-based context manager, as transformers
+    5.17's output capturing does) is not a counted graph break: the whole frame runs eagerly and its callees are
+    compiled as separate graphs. The report lists such frames with the nested reason, and the reset forgets them."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def capture():
+        yield
+
+    def f(x):
+        x = x + 1
+        with capture():
+            torch._dynamo.graph_break()
+            x = x * 2
+        return x - 1
+
+    torch._dynamo.reset()
+    wide_compile.backend.reset_compile_report()
+    assert torch.equal(torch.compile(f, backend="eager")(torch.ones(3)), torch.full((3,), 3.0))
+    report = wide_compile.compile_report()
+    assert sum(report.skipped_frames.values()) >= 1, str(report)
+    assert "frame run eagerly" in str(report) and "graph_break()" in str(report), str(report)
+    wide_compile.backend.reset_compile_report()
+    assert wide_compile.compile_report().skipped_frames == {}
 
 
 # ----------------------------------------------------------------------------------------------- Inductor

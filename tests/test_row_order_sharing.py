@@ -147,7 +147,8 @@ def test_gpu_compiled_prefill_with_shared_orders_matches_eager():
             logits[name] = compiled(ids, use_cache=False).logits.float()
         report = wide_compile.compile_report(model)
         lowered[name] = [g.lowered for g in report.graphs]
-        print(name, "graphs", len(report.graphs), "graph breaks", dict(report.graph_breaks))
+        print(name, "graphs", len(report.graphs), "graph breaks", dict(report.graph_breaks), "frames run eagerly",
+              sum(report.skipped_frames.values()))
     with torch.no_grad(), wide_compile.forced(model, masks):
         want = model(ids, use_cache=False).logits.float()
     layers = model.config.num_hidden_layers

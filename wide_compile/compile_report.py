@@ -7,6 +7,9 @@
     report.recompiles           # graphs compiled again for a frame (Dynamo compile id "frame/n" with n > 0)
     report.graph_breaks         # {reason: count}, process-wide since the last reset_compile_report()
                                 # (torch._dynamo.utils.counters["graph_break"])
+    report.skipped_frames       # {reason: count}: frames Dynamo gave up on and ran eagerly, e.g. a graph break
+                                # inside a context manager it cannot resume from (counters["unimplemented"]; these
+                                # are not in graph_breaks: the model then runs as several graphs, e.g. one per block)
 
 Recompile reasons are not recorded here: run with ``TORCH_LOGS=recompiles`` (or
 ``torch._logging.set_logs(recompiles=True)``) to see the failing guard of each recompile, and
@@ -44,6 +47,7 @@ class GraphRecord:
 class CompileReport:
     graphs: list[GraphRecord]
     graph_breaks: dict[str, int]
+    skipped_frames: dict[str, int] = field(default_factory=dict)
 
     @property
     def recompiles(self) -> int:
@@ -59,7 +63,8 @@ class CompileReport:
 
     def __str__(self) -> str:
         lines = [f"wide backend: {len(self.graphs)} graph(s), {self.recompiles} recompile(s), "
-                 f"{sum(self.graph_breaks.values())} graph break(s) (process-wide); lowered {self.lowered}"]
+                 f"{sum(self.graph_breaks.values())} graph break(s), {sum(self.skipped_frames.values())} frame(s) run "
+                 f"eagerly (process-wide); lowered {self.lowered}"]
         for g in self.graphs:
             lines.append(f"  [{g.compile_id}] {g.code}: {g.nodes} nodes, wide ops {g.wide_ops}, lowered {g.lowered}"
                          f"{f', stored once {g.stored}' if g.stored else ''}"
@@ -67,7 +72,16 @@ class CompileReport:
             lines += [f"      generic path: {why}" for why in g.generic]
         for reason, n in self.graph_breaks.items():
             lines.append(f"  graph break x{n}: {reason.splitlines()[0]}")
+        for reason, n in self.skipped_frames.items():
+            lines.append(f"  frame run eagerly x{n}: {_first_lines(reason)}")
         return "\n".join(lines)
+
+
+def _first_lines(reason: str) -> str:
+    """A skipped frame's reason in one line: its first line, and the nested break's when Dynamo gives one."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    nested = [lines[i + 1] for i, line in enumerate(lines[:-1]) if "another graph break occurred" in line]
+    return lines[0] + (f" -> {nested[0]}" if nested else "") if lines else ""
 
 
 _RECORDS: list[GraphRecord] = []
@@ -93,11 +107,13 @@ def add_record(record: GraphRecord) -> None:
 
 
 def reset_compile_report() -> None:
-    """Forget the recorded graphs and Dynamo's graph-break counts (``torch._dynamo.reset()`` keeps the counts)."""
+    """Forget the recorded graphs and Dynamo's graph-break and skipped-frame counts (``torch._dynamo.reset()`` keeps
+    the counts)."""
     from torch._dynamo.utils import counters
 
     _RECORDS.clear()
     counters["graph_break"].clear()
+    counters["unimplemented"].clear()
 
 
 def _model_storages(model: nn.Module) -> set[int]:
@@ -114,4 +130,5 @@ def compile_report(model: nn.Module | None = None) -> CompileReport:
     if model is not None:
         keys = _model_storages(model)
         graphs = [g for g in graphs if g.storages & keys]
-    return CompileReport(graphs=graphs, graph_breaks=dict(counters["graph_break"]))
+    return CompileReport(graphs=graphs, graph_breaks=dict(counters["graph_break"]),
+                         skipped_frames=dict(counters["unimplemented"]))
