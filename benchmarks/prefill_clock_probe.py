@@ -33,9 +33,9 @@ from e2e_models import build_models  # noqa: E402
 from e2e_timing import configure_dynamo, versions  # noqa: E402
 
 from wide_compile.speed import PrefillRun, compile_variant  # noqa: E402
+from wide_compile.speed.clock import HIDE_HOST_CYCLES  # noqa: E402
 
 SMI_FIELDS = ("clocks.sm", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
-HIDE_HOST_CYCLES = 20_000_000  # about 10 ms of device sleep: longer than one call's host work
 
 
 class ClockSampler:

@@ -73,11 +73,11 @@ class CompileReport:
         for reason, n in self.graph_breaks.items():
             lines.append(f"  graph break x{n}: {reason.splitlines()[0]}")
         for reason, n in self.skipped_frames.items():
-            lines.append(f"  frame run eagerly x{n}: {_first_lines(reason)}")
+            lines.append(f"  frame run eagerly x{n}: {_one_line(reason)}")
         return "\n".join(lines)
 
 
-def _first_lines(reason: str) -> str:
+def _one_line(reason: str) -> str:
     """A skipped frame's reason in one line: its first line, and the nested break's when Dynamo gives one."""
     lines = [line.strip() for line in reason.splitlines() if line.strip()]
     nested = [lines[i + 1] for i, line in enumerate(lines[:-1]) if "another graph break occurred" in line]

@@ -56,7 +56,6 @@ class Clock:
         torch.cuda.synchronize()
         return [start.elapsed_time(end) for start, end in events]
 
-
     def each_after_idle(self, fn: Callable[[int], object], n: int, before: Callable[[int], object] | None = None,
                         idle_s: float = 0.1) -> list[float]:
         """Milliseconds of ``fn(i)``, each call on a card left idle for ``idle_s`` first (GPU; elsewhere as
