@@ -26,6 +26,7 @@ def test_measure_speed_times_both_variants_at_every_shape():
     assert report.settings["inner"] == "aot_eager" and report.settings["mode"] is None  # CPU defaults
     text = str(report)
     assert "dense/WIDE" in text and "TTFT 8 tokens" in text and "decode b=2 per step" in text
+    assert "card idle before each call" in text and report.rows[2]["wide"]["ttft_idle"]["n"] == 2
     assert json.loads(json.dumps(report.to_dict(), default=str))["rows"][0]["kind"] == "decode"
 
 

@@ -45,6 +45,10 @@ class SpeedReport:
             dense, wide = row["dense_ms"], row["wide_ms"]
             lines.append((label, f"{dense:.3f}", f"{wide:.3f}", f"{dense / wide:.2f}x", f"{row['wide_skip']:.3f}",
                           f"{row['dense']['first_call_s']:.1f} / {row['wide']['first_call_s']:.1f}"))
+            if row["kind"] == "prefill" and "ttft_idle" in row["dense"]:  # each call on a rested card
+                rested = row["dense"]["ttft_idle"]["median_ms"], row["wide"]["ttft_idle"]["median_ms"]
+                lines.append(("  card idle before each call", f"{rested[0]:.3f}", f"{rested[1]:.3f}",
+                              f"{rested[0] / rested[1]:.2f}x", "", ""))
         widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
         return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
 
