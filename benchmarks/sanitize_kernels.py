@@ -8,7 +8,9 @@ the masked edges of every kernel run; the same case also checks the result again
 sanitizer run that computes garbage would be no check). Paths: the decode GEMVs (split-K; the output-group one also
 with two dense linears in the same launch), the prefill GEMMs with
 token reordering, the fused gate/up, the input-group GEMM, the router decision (decode split, tensor-core split),
-mask extents, and attention prefill (causal, explicit mask: both passes) and decode (split-KV, explicit mask).
+mask extents, and attention prefill (causal, explicit mask: both passes) and decode (split-KV, explicit mask); and
+one sequence's shared row order (``wide::group_rows``): the query GEMM walking it as its lists with the rotary
+epilogue, the prefill attention walking it as its row order.
 Prints one line per case and exits 1 if a result is wrong (compute-sanitizer's own exit code reports accesses).
 """
 from __future__ import annotations
@@ -23,10 +25,13 @@ from wide_compile.templates import (
     group_attention_reference, input_group_linear, input_group_linear_reference, output_group_linear,
     output_group_linear_reference,
 )
+from wide_compile.templates.attention_compact import compact_active_rows
 from wide_compile.templates.attention_mask_extents import mask_extents, mask_extents_reference
+from wide_compile.templates.group_plan import plan_from_row_order
 from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
 from wide_compile.templates.router_mask import router_mask
 from wide_compile.templates.router_mask_reference import router_logits_reference, router_mask_reference
+from wide_compile.templates.rotary_epilogue import rotate_reference
 from wide_compile.templates.router_one_token import router_one_token
 
 DT, DEVICE = torch.bfloat16, "cuda"  # --device cpu (TRITON_INTERPRET=1): float16, the interpreter's bf16 is wrong
@@ -135,6 +140,31 @@ def attention_cases(gen) -> list[bool]:
     return out
 
 
+def shared_order_cases(gen) -> list[bool]:
+    """One sequence of 300 tokens (the query GEMM's tiles, not its GEMV), 8 query heads of 16 in 2 groups: the row
+    order computed once, then the query projection (rotary epilogue, two dense siblings) and the causal prefill
+    attention both given it."""
+    out = []
+    t, k_in, hq, hkv, d = 300, 80, 8, 2, 16
+    x = _randn(1, t, k_in, gen=gen)
+    w, wk, wv = (_randn(n, k_in, gen=gen) / k_in**0.5 for n in (hq * d, hkv * d, hkv * d))
+    hm = (_rand(1, t, hkv, gen=gen) < 0.5).to(DT)
+    order, count = compact_active_rows(hm)
+    angles = torch.arange(t, device=DEVICE).float()[:, None] / 10000.0 ** (torch.arange(0, d, 2, device=DEVICE) / d)
+    angles = torch.cat((angles, angles), -1)[None]
+    cos, sin = angles.cos().to(DT), angles.sin().to(DT)
+    q, k, v = output_group_linear_with_dense(x, w, hm, hq * d // hkv, None, [wk, wv], [None, None], rotary=(cos, sin),
+                                             plan=plan_from_row_order(hm, order, count))
+    want = rotate_reference(output_group_linear_reference(x, w, hm, hq * d // hkv).to(DT), cos, sin)
+    out.append(_close(f"query GEMM on a shared row order, rotary epilogue T={t}", q, want))
+    heads = lambda y, n: y.view(1, t, n, d).transpose(1, 2).contiguous()  # noqa: E731
+    q4, k4, v4 = heads(q, hq), heads(k, hkv), heads(v, hkv)
+    out.append(_close(f"prefill causal on a shared row order T={t}",
+                      group_attention_prefill(q4, k4, v4, hm, causal=True, row_order=(order, count)),
+                      group_attention_reference(q4, k4, v4, hm, causal=True)))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer token counts (racecheck is slow)")
@@ -150,7 +180,8 @@ def main() -> int:
         return 2
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     tokens_list = (1, 70) if args.quick else (1, 5, 16, 70, 300)
-    results = linear_cases(gen, tokens_list) + router_cases(gen, tokens_list) + attention_cases(gen)
+    results = (linear_cases(gen, tokens_list) + router_cases(gen, tokens_list) + attention_cases(gen)
+               + shared_order_cases(gen))
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     print(f"{sum(results)} of {len(results)} results correct", flush=True)
