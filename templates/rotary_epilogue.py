@@ -14,8 +14,9 @@ two differ by about one unit in the last place. The reference (:func:`rotate_ref
 The epilogue needs output tiles of whole heads: ``D`` a power of two, groups and tiles a multiple of ``D``
 (:func:`epilogue_ok`); otherwise the callers rotate the GEMM's output with the reference. ``output_group_linear``
 also keeps it to the head dims the H200 tests have run (``GPU_TESTED_HEAD_DIMS``: Llama-3-8B's 128 and SmolLM2's 64
-through the models' shapes, 16 / 32 / 256 through ``tests/test_gpu_group_linear.py::test_rotary_epilogue_other_head_dims``,
-which passed on the H200 in stop 20); other head dims rotate after the GEMM.
+through the models' shapes, 16 / 32 / 256 through
+``tests/test_gpu_group_linear.py::test_rotary_epilogue_other_head_dims``, which passed on the H200 in stop 20); other
+head dims rotate after the GEMM.
 """
 from __future__ import annotations
 

@@ -19,8 +19,9 @@ def check_row_order(op: str, row_order: tuple[torch.Tensor, torch.Tensor], head_
     batch, tokens, groups = head_mask.shape
     for name, t, shape in (("order", row_order[0], (batch, groups, tokens)), ("count", row_order[1], (batch, groups))):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != shape:
+            got = f"{getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}"
             raise ValueError(f"{op}: row {name} must be int32 of shape {shape} for a mask of shape "
-                             f"{tuple(head_mask.shape)}, got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
+                             f"{tuple(head_mask.shape)}, got {got}")
         if t.device != head_mask.device or not t.is_contiguous():
             raise ValueError(f"{op}: row {name} must be contiguous on {head_mask.device}")
 

@@ -3,8 +3,8 @@
 ``wide::group_rows(mask) -> (order, count)`` for a head-group mask ``[B, T, G]`` (nonzero = active): int32
 ``order[B, G, T]`` lists each (sequence, group)'s token indices with the active tokens first in ascending order and
 the inactive ones after them in descending order, and int32 ``count[B, G]`` the active tokens. It is the row order
-the prefill attention's tiles walk (``templates/row_order.py``, ``templates/attention_compact.py``) and, for one sequence, exactly the per-group
-token lists the query projection's GEMM walks (``templates/group_plan.py``). ``passes/row_order_sharing.py`` computes
+the prefill attention's tiles walk (``templates/row_order.py``, ``templates/attention_compact.py``) and, for one
+sequence, exactly the per-group token lists the query projection's GEMM walks (``templates/group_plan.py``). ``passes/row_order_sharing.py`` computes
 it once per attention and passes it to both ops (the issue's "ordering computed once and shared by the paired ops").
 
 On CUDA the Triton scan (one launch); elsewhere the PyTorch reference. No gradient: integers out.
