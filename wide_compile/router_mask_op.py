@@ -81,3 +81,54 @@ def _setup(ctx, inputs, output):
 
 
 router_mask.register_autograd(_no_gradient, setup_context=_setup)
+
+
+# ------------------------------------------------------------------------------------ router_mask_lists
+@torch.library.custom_op("wide::router_mask_lists", mutates_args=())
+def router_mask_lists(x: Tensor, w_in: Tensor, b_in: Tensor, w_out: Tensor, b_out: Tensor
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(mask[..., G], group_tokens[G, M], group_counts[G])``: ``wide::router_mask`` plus its decisions' per-group
+    token lists (each group's active tokens first, as ``templates/group_plan.py`` builds them for the output-group
+    GEMMs; ``M`` = tokens of ``x``). On CUDA where the fused router runs, from its launch
+    (``templates/router_mask.router_mask_lists``, lists in tile order); elsewhere the reference decision and the
+    PyTorch lists. What ``passes/router_lists.py`` puts in front of a lowered gate/up op."""
+    mask = _reference().router_mask_reference(x, w_in, b_in, w_out, b_out)
+    return (mask, *_torch_lists(mask))
+
+
+def _torch_lists(mask: Tensor) -> tuple[Tensor, Tensor]:
+    from wide_compile.templates.group_plan import group_token_lists_torch
+
+    return group_token_lists_torch(mask.reshape(-1, mask.shape[-1]) != 0)
+
+
+@router_mask_lists.register_fake
+def _(x, w_in, b_in, w_out, b_out):
+    _reference().check_router_mask_args(x, w_in, b_in, w_out, b_out)
+    groups = w_out.shape[0] // 2
+    tokens = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (x.new_empty((*x.shape[:-1], groups), dtype=w_in.dtype),
+            x.new_empty((groups, tokens), dtype=torch.int32), x.new_empty((groups,), dtype=torch.int32))
+
+
+@router_mask_lists.register_kernel("cuda")
+def router_mask_lists_kernel(x, w_in, b_in, w_out, b_out):
+    """The fused template with its lists where :func:`fused_for` says so (more than one token); else the router's
+    usual path and the group-plan scan (registered for CUDA; callable on CPU under ``TRITON_INTERPRET=1``)."""
+    tokens = x.numel() // max(1, x.shape[-1]) if x.dim() else 1
+    if tokens > 1 and fused_for(tokens, x.dtype):
+        from wide_compile.templates.router_mask import router_mask_lists as template
+
+        return template(x, w_in, b_in, w_out, b_out)
+    from wide_compile.templates.group_plan import build_group_plan
+
+    mask = router_mask_kernel(x, w_in, b_in, w_out, b_out)
+    plan = build_group_plan(mask, parts=("output",))
+    return mask, plan.group_tokens, plan.group_counts
+
+
+def _no_lists_gradient(ctx, *grads):
+    raise RuntimeError("wide::router_mask_lists has no gradient (an inference-only lowering, as wide::router_mask)")
+
+
+router_mask_lists.register_autograd(_no_lists_gradient, setup_context=_setup)
