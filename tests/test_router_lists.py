@@ -11,6 +11,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from test_router_mask import assert_decisions_match, rm, router_weights, tokens  # noqa: E402, F401
+from test_row_order_sharing import compile_prefill  # noqa: E402
 
 import wide_compile  # noqa: E402
 import wide_compile.kernel_ops  # noqa: E402, F401
@@ -131,23 +132,11 @@ def test_gated_up_with_given_lists_equals_building_them():
         gated_op(x, wg, wu, mask, 16, "silu", group_tokens[:, :5].contiguous(), group_counts)
 
 
-def _compile_prefill(model, tokens: int, options=None):
-    torch._dynamo.reset()
-    wide_compile.backend.reset_compile_report()
-    ids = torch.randint(3, 120, (1, tokens), generator=torch.Generator().manual_seed(1))
-    compiled = torch.compile(model, backend="wide", options={"wide.inner": "eager", **(options or {})})
-    with torch.no_grad():
-        actual = compiled(ids, use_cache=False).logits
-        want = model(ids, use_cache=False).logits
-    (graph,) = wide_compile.compile_report(model).graphs
-    return actual, want, graph
-
-
 def test_prefill_graph_takes_the_ffn_lists_from_the_routers():
     from test_backend_attention import wide_model
 
     model = wide_model("llama")
-    actual, want, graph = _compile_prefill(model, MIN_TOKENS + 7, {"wide.router_lists": True})
+    actual, want, graph = compile_prefill(model, 1, MIN_TOKENS + 7, {"wide.router_lists": True})
     assert torch.equal(actual, want)
     layers = model.config.num_hidden_layers
     assert graph.lowered.get("router_lists") == layers, graph.lowered
@@ -164,7 +153,7 @@ def test_decode_sized_graphs_and_the_default_keep_the_plain_router(tokens, optio
     from test_backend_attention import wide_model
 
     model = wide_model("llama")
-    actual, want, graph = _compile_prefill(model, tokens, options)
+    actual, want, graph = compile_prefill(model, 1, tokens, options)
     assert torch.equal(actual, want)
     assert "router_lists" not in graph.lowered and "router_mask_lists" not in wide_op_names(graph.graph_module.graph)
     with pytest.raises(ValueError, match="'wide.router_lists' must be a bool"):
