@@ -1,8 +1,8 @@
 """The FFN router's decision and its per-group token lists from one launch (``wide::router_mask_lists``).
 
 A lowered gate/up op (``wide::gated_up_groups``) walks, for every group, the tokens the group is active for; it built
-those lists itself from the router's mask (read through a reshape) (``templates/group_plan.py``: one scan launch per routed MLP, 32 launches
-and about 0.29 ms per 4096-token prefill of the Llama-3-8B shape, run AG). This pass has the router build them while
+those lists itself from the router's mask, read through a reshape (``templates/group_plan.py``: one scan launch per
+routed MLP, 32 launches and about 0.29 ms per 4096-token prefill of the Llama-3-8B shape, run AG). This pass has the router build them while
 it writes the mask: ``wide::router_mask(...)`` whose mask a gate/up op reads becomes ``wide::router_mask_lists(...)``,
 its mask goes wherever the old one went, and the lists go to the gate/up op (``group_tokens=`` / ``group_counts=``).
 
@@ -48,7 +48,8 @@ _VIEWS = ("reshape", "view")
 def _router_of(mask) -> fx.Node | None:
     """The ``wide::router_mask`` node behind a gate/up op's mask, through reshapes that keep the groups' last dim
     (token order and count unchanged); None when there is none."""
-    groups = example_value(mask).shape[-1] if example_value(mask) is not None else None
+    value = example_value(mask)
+    groups = value.shape[-1] if value is not None else None
     while isinstance(mask, fx.Node) and mask.op == "call_method" and mask.target in _VIEWS and not mask.kwargs:
         mask = mask.args[0]
         value = example_value(mask)

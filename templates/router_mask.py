@@ -298,8 +298,11 @@ def _router_mask(x, w_in, b_in, w_out, b_out, config, out, lists: bool) -> tuple
         x2 = x2.contiguous()
     num_tokens = x2.shape[0]
     mask = torch.empty((*lead, groups), dtype=w_in.dtype, device=x.device) if out is None else out
-    tokens = torch.empty((groups, num_tokens) if lists else (1,), dtype=torch.int32, device=x.device)
-    counts = torch.empty(groups if lists else 1, dtype=torch.int32, device=x.device)  # (the last tile writes it)
+    if lists:  # (the last tile writes the counts; without lists the kernel never touches these: the mask stands in)
+        tokens = torch.empty((groups, num_tokens), dtype=torch.int32, device=x.device)
+        counts = torch.empty(groups, dtype=torch.int32, device=x.device)
+    else:
+        tokens = counts = mask
     if num_tokens == 0:
         return (mask, tokens, counts) if lists else (mask,)
     cfg = dict(router_mask_config(num_tokens, hidden, rank, groups, x.device), **(config or {}))

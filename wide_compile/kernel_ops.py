@@ -183,12 +183,9 @@ def gated_up_groups_kernel(x, w_gate, w_up, mask, group_size, activation="silu",
         return mask_groups(a * u, mask, group_size)
     from wide_compile.templates import gated_up_groups as template
 
-    plan = None
-    if group_tokens is not None:
-        from wide_compile.templates.group_plan import GroupPlan, mask_rows
+    from wide_compile.templates.group_plan import plan_from_lists
 
-        rows = mask_rows(mask)
-        plan = GroupPlan(rows.shape[0], rows.shape[1], rows, group_tokens=group_tokens, group_counts=group_counts)
+    plan = plan_from_lists(mask, group_tokens, group_counts) if group_tokens is not None else None
     return template(x, w_gate, w_up, mask, group_size, activation, plan)
 
 
