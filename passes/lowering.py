@@ -32,9 +32,6 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
    ``wide.fuse_query_rope`` backend option).
 8. The mask's row order, when a joined q / k / v op and its core read the same mask of one sequence (prefill-sized
    inference graphs): ``wide::group_rows`` once, passed to both (``row_order_sharing``).
-9. A router whose mask a lowered gate/up op reads, in prefill-sized inference graphs: ``wide::router_mask_lists``,
-   whose per-group token lists go to the gate/up op (``router_lists``; the ``wide.router_lists`` backend option, off
-   by default until it has run on a GPU).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
@@ -58,7 +55,6 @@ from .mask_extents_sharing import share_mask_extents
 from .rotary_realize import realize_rotary_tables
 from .dense_siblings import fuse_dense_siblings
 from .query_rope_epilogue import move_query_rotations
-from .router_lists import share_router_lists
 from .row_order_sharing import share_row_orders
 from .router_lowering import lower_router_decisions
 from .torch_patterns import (
@@ -225,8 +221,7 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
 
 
 def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token_routers: str = "reduction",
-                        dense_siblings: bool = True, query_rope: bool = True,
-                        router_lists: bool = False) -> LoweringResult:
+                        dense_siblings: bool = True, query_rope: bool = True) -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
     ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the
@@ -234,8 +229,7 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
     (``passes/router_lowering.py``). ``dense_siblings``: last, join each lowered query projection and the dense
     linears of its input (key, value) into one op (``passes/dense_siblings.py``; inference graphs only).
     ``query_rope``: then move each query's rotary embedding into that op (``passes/query_rope_epilogue.py``). With
-    ``dense_siblings`` each such op and its attention core share one row order (``passes/row_order_sharing.py``).
-    ``router_lists``: a lowered gate/up op takes its token lists from its router's launch (``passes/router_lists.py``)."""
+    ``dense_siblings`` each such op and its attention core share one row order (``passes/row_order_sharing.py``)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:
@@ -266,10 +260,6 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
         row_orders = share_row_orders(gm.graph)
         if row_orders:
             result.lowered["shared_row_order"] = row_orders
-    if router_lists:
-        lists = share_router_lists(gm.graph)
-        if lists:
-            result.lowered["router_lists"] = lists
     gm.graph.lint()
     gm.recompile()
     return result

@@ -159,14 +159,7 @@ def plan_from_row_order(mask: torch.Tensor, order: torch.Tensor, count: torch.Te
     per sequence while these lists run over all their tokens."""
     if mask.dim() != 3 or mask.shape[0] != 1:
         return None
-    return plan_from_lists(mask, order[0], count[0])
-
-
-def plan_from_lists(mask: torch.Tensor, group_tokens: torch.Tensor, group_counts: torch.Tensor) -> GroupPlan:
-    """The output tables of ``mask[..., G]`` when its per-group token lists (``[G, M]``, ``[G]``) are already built
-    (a shared row order, or ``wide::router_mask_lists``)."""
-    rows = mask_rows(mask)
-    return GroupPlan(rows.shape[0], rows.shape[1], rows, group_tokens=group_tokens, group_counts=group_counts)
+    return GroupPlan(mask.shape[1], mask.shape[2], mask_rows(mask), group_tokens=order[0], group_counts=count[0])
 
 
 def default_block_m(num_tokens: int) -> int:

@@ -42,7 +42,6 @@ import torch
 from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, interpreting, next_pow2, sm_count
 from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
-from .group_plan import group_token_lists_torch
 from .router_mask_reference import check_router_mask_args, router_mask_reference
 
 if HAS_TRITON:
@@ -52,7 +51,6 @@ if HAS_TRITON:
     @triton.jit
     def _router_mask_kernel(
         x_ptr, w_in_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
-        tokens_ptr, counts_ptr, list_ctr_ptr,
         M, H, R, G, stride_xm,
         SPLIT: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -65,7 +63,6 @@ if HAS_TRITON:
         LOGIT_DIFF: tl.constexpr,
         EPILOGUE_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
-        LISTS: tl.constexpr,
     ):
         if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
             tl.extra.cuda.gdc_wait()
@@ -147,29 +144,6 @@ if HAS_TRITON:
                     l_exec = tl.dot(h, w_exec, input_precision=EPILOGUE_PRECISION) + b_exec[None, :]
                     decision = (l_exec >= l_skip).to(out_ptr.dtype.element_ty)
                 tl.store(out_rows + offs_g[None, :], decision, mask=valid_m[:, None] & valid_g[None, :])
-                if LISTS:  # this tile's places in every group's token list: actives from the front, the rest
-                    ok = valid_m[:, None] & valid_g[None, :]  # from the back (group_plan's order within the tile)
-                    act = ((decision != 0) & ok).to(tl.int32)
-                    n_act = tl.sum(act, 0)
-                    n_rows = tl.minimum(M - tile * BLOCK_M, BLOCK_M)  # the tile's valid rows: a prefix
-                    base_a = tl.atomic_add(list_ctr_ptr + offs_g, n_act, mask=valid_g)
-                    base_i = tl.atomic_add(list_ctr_ptr + G + offs_g, n_rows - n_act, mask=valid_g)
-                    seen = tl.cumsum(act, 0)  # actives up to each row; inactives up to row r: r + 1 - seen
-                    ahead = tl.arange(0, BLOCK_M)[:, None] + 1 - seen
-                    pos = tl.where(act > 0, base_a[None, :] + seen - 1, M - base_i[None, :] - ahead)
-                    tl.store(tokens_ptr + offs_g.to(tl.int64)[None, :] * M + pos,
-                             tl.broadcast_to(offs_m[:, None], (BLOCK_M, BLOCK_G)), mask=ok)
-            if LISTS:  # the last tile to finish publishes the counts and leaves the counters at zero
-                tl.debug_barrier()
-                done = tl.atomic_add(list_ctr_ptr + 2 * G, 1, sem="acq_rel")
-                if done == tl.num_programs(0) // SPLIT - 1:
-                    for g0 in range(0, G, BLOCK_G):
-                        offs_g = g0 + tl.arange(0, BLOCK_G)
-                        valid_g = offs_g < G
-                        count = tl.atomic_xchg(list_ctr_ptr + offs_g, 0, mask=valid_g)
-                        tl.store(counts_ptr + offs_g, count, mask=valid_g)
-                        tl.atomic_xchg(list_ctr_ptr + G + offs_g, 0, mask=valid_g)
-                    tl.atomic_xchg(list_ctr_ptr + 2 * G, 0)
 
 
 DECODE_TOKENS = 16  # M <= this: one token tile, H split among programs
@@ -266,22 +240,6 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
     near-ties (``|l1 - l0|`` at fp32 rounding level). ``config`` overrides :func:`router_mask_config` keys
     (``SPLIT = 0``: automatic); ``out`` (contiguous ``[..., G]``) receives the mask. Runs the reference where
     Triton cannot run (CPU without ``TRITON_INTERPRET=1``) and for fp16 / bf16 router weights."""
-    return _router_mask(x, w_in, b_in, w_out, b_out, config, out, lists=False)[0]
-
-
-def router_mask_lists(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor,
-                      b_out: torch.Tensor, config: dict | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`router_mask` plus the output-group GEMMs' per-group token lists of its decisions, from the same launch:
-    ``(mask, group_tokens[G, M], group_counts[G])`` as ``group_plan.build_group_plan(mask, parts=("output",))``
-    builds them, except that each group's active tokens (the first ``group_counts[g]``) and its inactive ones come
-    tile by tile in the order the router's tiles finished (atomic counters), not sorted: a GEMM over the lists
-    computes the same rows whatever their order. Saves the list scan's launch per routed MLP (``passes/router_lists.py``,
-    off by default: not yet run on a GPU)."""
-    return _router_mask(x, w_in, b_in, w_out, b_out, config, None, lists=True)
-
-
-def _router_mask(x, w_in, b_in, w_out, b_out, config, out, lists: bool) -> tuple:
     check_router_mask_args(x, w_in, b_in, w_out, b_out)
     hidden, rank, groups = x.shape[-1], w_in.shape[0], w_out.shape[0] // 2
     lead = x.shape[:-1]
@@ -291,20 +249,14 @@ def _router_mask(x, w_in, b_in, w_out, b_out, config, out, lists: bool) -> tuple
                          f"{x.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
     if not _use_kernel(x, w_in):
         mask = router_mask_reference(x, w_in, b_in, w_out, b_out)
-        mask = mask if out is None else out.copy_(mask)
-        return (mask, *group_token_lists_torch(mask.reshape(-1, groups) != 0)) if lists else (mask,)
+        return mask if out is None else out.copy_(mask)
     x2 = x.reshape(-1, hidden)
     if hidden and x2.stride(-1) != 1:
         x2 = x2.contiguous()
     num_tokens = x2.shape[0]
     mask = torch.empty((*lead, groups), dtype=w_in.dtype, device=x.device) if out is None else out
-    if lists:  # (the last tile writes the counts; without lists the kernel never touches these: the mask stands in)
-        tokens = torch.empty((groups, num_tokens), dtype=torch.int32, device=x.device)
-        counts = torch.empty(groups, dtype=torch.int32, device=x.device)
-    else:
-        tokens = counts = mask
     if num_tokens == 0:
-        return (mask, tokens, counts) if lists else (mask,)
+        return mask
     cfg = dict(router_mask_config(num_tokens, hidden, rank, groups, x.device), **(config or {}))
     block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
     tiles = cdiv(num_tokens, block_m)
@@ -313,14 +265,13 @@ def _router_mask(x, w_in, b_in, w_out, b_out, config, out, lists: bool) -> tuple
         split = _auto_split(tiles, hidden, block_k, x.device, 1 if num_tokens <= DECODE_TOKENS else 16)
     split = max(1, min(split, max(1, cdiv(hidden, block_k))))
     block_r = max(16, next_pow2(rank))
-    # counters zero between launches (the kernel leaves them at 0): the tiles' arrivals, then the lists' places
-    counters = arrival_counters(tiles + (2 * groups + 1 if lists else 0), x.device) if split > 1 or lists else mask
-    ws = (torch.empty(tiles * split * block_m * block_r, dtype=torch.float32, device=x.device) if split > 1
-          else mask)  # (unused with one split)
-    list_counters = counters[tiles:] if lists else counters
+    if split > 1:  # workspace per call; counters zero between launches (the kernel leaves them at 0)
+        ws = torch.empty(tiles * split * block_m * block_r, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(tiles, x.device)
+    else:
+        ws, counters = mask, mask  # unused
     _router_mask_kernel[(tiles * split,)](
         x2, w_in.contiguous(), b_in.contiguous(), w_out.contiguous(), b_out.contiguous(), mask, ws, counters,
-        tokens, counts, list_counters,
         num_tokens, hidden, rank, groups, x2.stride(0),
         SPLIT=split,
         BLOCK_M=block_m,
@@ -332,9 +283,8 @@ def _router_mask(x, w_in, b_in, w_out, b_out, config, out, lists: bool) -> tuple
         W_PARTS=_w_parts(cfg.get("W_PARTS", 2)),
         LOGIT_DIFF=bool(cfg.get("LOGIT_DIFF", EPILOGUE["LOGIT_DIFF"])),
         EPILOGUE_PRECISION=_epilogue_precision(cfg.get("EPILOGUE_PRECISION", EPILOGUE["EPILOGUE_PRECISION"])),
-        LISTS=lists,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **pdl_launch(x.device),
     )
-    return (mask, tokens, counts) if lists else (mask,)
+    return mask

@@ -89,12 +89,11 @@ def test_qkv_op_given_the_order_equals_computing_it():
         qkv_op(x, mask, w, None, 32, [wk], [None], None, None, order, count.long())
 
 
-def compile_prefill(model, batch: int, tokens: int, options: dict | None = None):
-    """(compiled logits, eager logits, the one graph's record) of a prefill without a cache (eager inner compiler)."""
+def compile_prefill(model, batch: int, tokens: int):
     torch._dynamo.reset()
     wide_compile.backend.reset_compile_report()
     ids = torch.randint(3, 120, (batch, tokens), generator=torch.Generator().manual_seed(1))
-    compiled = torch.compile(model, backend="wide", options={"wide.inner": "eager", **(options or {})})
+    compiled = torch.compile(model, backend="wide", options={"wide.inner": "eager"})
     with torch.no_grad():
         actual = compiled(ids, use_cache=False).logits
         want = model(ids, use_cache=False).logits

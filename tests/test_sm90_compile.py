@@ -25,7 +25,6 @@ from wide_compile.templates.attention_decode import _decode_split_kernel
 from wide_compile.templates.attention_prefill import _prefill_kernel
 from wide_compile.templates.gemm_gated_up import _gated_up_gemm_kernel
 from wide_compile.templates.gemm_output_groups import _output_groups_gemm_kernel
-from wide_compile.templates.router_mask import _router_mask_kernel
 
 bf = "*bf16"
 out = {}
@@ -61,13 +60,6 @@ query = {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32
 for name, rotary_dim in (("query_tma", 0), ("query_tma_rotary", 128)):
     out[name] = kernel_stats(compile_sm90(_output_groups_gemm_kernel, query, dict(
         gemm, GROUP_SIZE=512, TILES_PER_GROUP=2, HAS_BIAS=False, ROTARY_DIM=rotary_dim, BLOCK_N=256), (), 8, 3))
-router = {"x_ptr": bf, "w_in_ptr": "*fp32", "b_in_ptr": "*fp32", "w_out_ptr": "*fp32", "b_out_ptr": "*fp32",
-          "out_ptr": "*fp32", "ws_ptr": "*fp32", "counter_ptr": "*i32", "tokens_ptr": "*i32", "counts_ptr": "*i32",
-          "list_ctr_ptr": "*i32"}
-for name, lists in (("router_4k", False), ("router_4k_lists", True)):  # H = 4096, 112 groups, 4096 tokens
-    out[name] = kernel_stats(compile_sm90(_router_mask_kernel, router, dict(
-        SPLIT=4, BLOCK_M=64, BLOCK_K=64, BLOCK_R=32, BLOCK_G=64, EVEN_K=True, W_SPLIT3=True, W_PARTS=2,
-        LOGIT_DIFF=True, EPILOGUE_PRECISION="tf32x3", USE_GDC=False, LISTS=lists), (), 4, 3))
 print("RESULT " + json.dumps(out))
 '''
 

@@ -40,13 +40,19 @@ def test_a_deep_copy_gets_its_own_state_and_hooks_point_at_it():
 
 
 def test_a_freed_model_leaves_the_registry():
+    """Collection does not touch the registry's dict (Dynamo may be iterating over it while the collector runs); the
+    freed entry answers with a clear error at once and is dropped by the next registration."""
     model = _model()
     key = get_state(model).registry_key
+    size = len(_LIVE_STATES)
     del model
     gc.collect()
-    assert key not in _LIVE_STATES
+    assert len(_LIVE_STATES) == size
     with pytest.raises(RuntimeError, match="no longer exists"):
         live_state(key)
+    other = _model()
+    assert key not in _LIVE_STATES
+    assert live_state(get_state(other).registry_key) is get_state(other)
 
 
 def test_an_unpickled_model_gets_its_own_state():

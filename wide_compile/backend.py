@@ -48,9 +48,7 @@ Arguments that reach the backend:
   ``"wide.fuse_dense_siblings"`` (bool, default True: each lowered query projection and the dense linears of its
   input, the key and value projections, become one op, one GEMV launch at decode; ``passes/dense_siblings.py``) and
   ``"wide.fuse_query_rope"`` (bool, default True: in prefill-sized inference graphs that op also applies the
-  query's rotary embedding, inside its GEMM; ``passes/query_rope_epilogue.py``) and ``"wide.router_lists"`` (bool,
-  default False until its GPU test and timing have run: in prefill-sized inference graphs a lowered gate/up op takes
-  its per-group token lists from its router's launch; ``passes/router_lists.py``).
+  query's rotary embedding, inside its GEMM; ``passes/query_rope_epilogue.py``).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
   options (``torch._inductor.list_mode_options(mode)``).
 - Inductor defaults the backend changes (``inductor_defaults()``, overridden by ``options``): ``combo_kernels=True``
@@ -91,7 +89,7 @@ def inductor_defaults() -> dict:
     that importing wide_compile loads neither Inductor nor Triton)."""
     return {**INDUCTOR_DEFAULTS, **cache_key_options()}
 _OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers", "wide.one_token_routers", "wide.fuse_dense_siblings",
-                "wide.fuse_query_rope", "wide.router_lists")
+                "wide.fuse_query_rope")
 
 
 class WideBackendWarning(UserWarning):
@@ -107,7 +105,6 @@ class BackendSettings:
     one_token_routers: str = "reduction"
     fuse_dense_siblings: bool = True
     fuse_query_rope: bool = True
-    router_lists: bool = False
 
 
 def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
@@ -123,10 +120,8 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     fuse_routers = own.get("wide.fuse_routers", True)
     siblings = own.get("wide.fuse_dense_siblings", True)
     query_rope = own.get("wide.fuse_query_rope", True)
-    router_lists = own.get("wide.router_lists", False)
     for name, value in (("wide.rewrite", rewrite), ("wide.fuse_routers", fuse_routers),
-                        ("wide.fuse_dense_siblings", siblings), ("wide.fuse_query_rope", query_rope),
-                        ("wide.router_lists", router_lists)):
+                        ("wide.fuse_dense_siblings", siblings), ("wide.fuse_query_rope", query_rope)):
         if not isinstance(value, bool):
             raise ValueError(f"wide backend: option {name!r} must be a bool, got {value!r}")
     from wide_compile.passes.router_lowering import ONE_TOKEN_FORMS
@@ -147,8 +142,7 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     if bad:
         raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
     inductor_options = {**inductor_defaults(), **list_mode_options(mode or "default"), **options}
-    return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings, query_rope,
-                           router_lists)
+    return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings, query_rope)
 
 
 _warned_plain = False
@@ -195,8 +189,7 @@ def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None 
         _warn_plain_once()
     rewrite = settings.rewrite and wide_ops
     result = (lower_wide_patterns(gm, fuse_routers=settings.fuse_routers, one_token_routers=settings.one_token_routers,
-                                  dense_siblings=settings.fuse_dense_siblings, query_rope=settings.fuse_query_rope,
-                                  router_lists=settings.router_lists)
+                                  dense_siblings=settings.fuse_dense_siblings, query_rope=settings.fuse_query_rope)
               if rewrite else LoweringResult())
     compiled = _inner_compile(gm, example_inputs, settings)
     compile_id = torch._guards.CompileContext.current_compile_id()

@@ -139,58 +139,35 @@ def _gated_product(x: Tensor, w_gate: Tensor, w_up: Tensor, activation: str) -> 
 
 @torch.library.custom_op("wide::gated_up_groups", mutates_args=())
 def gated_up_groups(
-    x: Tensor, w_gate: Tensor, w_up: Tensor, mask: Tensor, group_size: int, activation: str = "silu",
-    group_tokens: Tensor | None = None, group_counts: Tensor | None = None,
+    x: Tensor, w_gate: Tensor, w_up: Tensor, mask: Tensor, group_size: int, activation: str = "silu"
 ) -> Tensor:
-    """``group_mask(act(linear(x, w_gate)) * linear(x, w_up), mask, group_size)``; ``group_tokens`` /
-    ``group_counts``: the mask's per-group token lists when already built (``wide::router_mask_lists``); the value
-    does not depend on them."""
+    """``group_mask(act(linear(x, w_gate)) * linear(x, w_up), mask, group_size)``."""
     _check_group_size("gated_up_groups", w_gate.shape[0], mask, group_size)
-    _check_lists(mask, group_tokens, group_counts)
     _, u, a = _gated_product(x, w_gate, w_up, activation)
     return mask_groups(a * u, mask, group_size)
 
 
-def _check_lists(mask: Tensor, tokens: Tensor | None, counts: Tensor | None) -> None:
-    if tokens is None and counts is None:
-        return
-    groups = mask.shape[-1]
-    m = mask.numel() // groups if groups else 0
-    if tokens is None or counts is None or tokens.dtype != torch.int32 or counts.dtype != torch.int32:
-        raise ValueError("gated_up_groups: pass both group_tokens and group_counts (int32, wide::router_mask_lists) "
-                         "or neither")
-    torch._check(tuple(tokens.shape) == (groups, m) and tuple(counts.shape) == (groups,),
-                 lambda: f"gated_up_groups: group lists of shape {tuple(tokens.shape)} / {tuple(counts.shape)} do "
-                         f"not fit a mask of {m} tokens x {groups} groups")
-
-
 @gated_up_groups.register_fake
-def _(x, w_gate, w_up, mask, group_size, activation="silu", group_tokens=None, group_counts=None):
+def _(x, w_gate, w_up, mask, group_size, activation="silu"):
     _check_group_size("gated_up_groups", w_gate.shape[0], mask, group_size)
-    _check_lists(mask, group_tokens, group_counts)
     if activation not in ACTIVATIONS:
         raise ValueError(f"gated_up_groups: activation must be one of {ACTIVATIONS}, got {activation!r}")
     return x.new_empty((*x.shape[:-1], w_gate.shape[0]))
 
 
 @gated_up_groups.register_kernel("cuda")
-def gated_up_groups_kernel(x, w_gate, w_up, mask, group_size, activation="silu", group_tokens=None,
-                           group_counts=None):
+def gated_up_groups_kernel(x, w_gate, w_up, mask, group_size, activation="silu"):
     """The template path (registered for CUDA; callable on CPU under ``TRITON_INTERPRET=1`` for tests)."""
-    _check_lists(mask, group_tokens, group_counts)
     if not _kernel_ok(x, w_gate, w_up):
         _, u, a = _gated_product(x, w_gate, w_up, activation)
         return mask_groups(a * u, mask, group_size)
     from wide_compile.templates import gated_up_groups as template
 
-    from wide_compile.templates.group_plan import plan_from_lists
-
-    plan = plan_from_lists(mask, group_tokens, group_counts) if group_tokens is not None else None
-    return template(x, w_gate, w_up, mask, group_size, activation, plan)
+    return template(x, w_gate, w_up, mask, group_size, activation)
 
 
 def _gated_setup(ctx, inputs, output):
-    x, w_gate, w_up, mask, group_size, activation = inputs[:6]
+    x, w_gate, w_up, mask, group_size, activation = inputs
     ctx.save_for_backward(x, w_gate, w_up, mask)
     ctx.group_size, ctx.activation = group_size, activation
 
@@ -208,7 +185,7 @@ def _gated_backward(ctx, grad):
     x2 = x.reshape(-1, x.shape[-1])
     gwg = gg.reshape(-1, gg.shape[-1]).T @ x2 if need_wg else None
     gwu = gu.reshape(-1, gu.shape[-1]).T @ x2 if need_wu else None
-    return gx, gwg, gwu, gmask, None, None, None, None
+    return gx, gwg, gwu, gmask, None, None
 
 
 gated_up_groups.register_autograd(_gated_backward, setup_context=_gated_setup)

@@ -12,6 +12,11 @@ Hooks therefore keep only an integer key, and reach the state (and through it, t
 :func:`live_state`, a global: one source for every hook, no duplicate-route guards. The registry holds weak
 references, so it keeps no model alive; a state registers itself on creation and on ``copy.deepcopy``
 (``WideState.__reduce_ex__``; pickling too), so a copied model's hooks point at the copy's state.
+
+A freed state's entry is removed on the next :func:`register`, not by its weak reference's callback: the callback runs
+whenever the garbage collector does, and Dynamo, tracing :func:`live_state`, iterates over the registry (flaky
+``RuntimeError: dictionary changed size during iteration`` inside a compile when a previous model was collected
+mid-trace).
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ if TYPE_CHECKING:
 
 _LIVE_STATES: dict[int, weakref.ReferenceType] = {}
 _KEYS = itertools.count()
+_FREED: list[int] = []  # keys whose state was collected; dropped from _LIVE_STATES by the next register()
 
 
 def register(state: WideState) -> int:
     """Give ``state`` a new key in the registry (dropped when the state is garbage-collected)."""
+    while _FREED:
+        _LIVE_STATES.pop(_FREED.pop(), None)
     key = next(_KEYS)
-    _LIVE_STATES[key] = weakref.ref(state, lambda _ref, key=key: _LIVE_STATES.pop(key, None))
+    _LIVE_STATES[key] = weakref.ref(state, lambda _ref, key=key: _FREED.append(key))
     return key
 
 
