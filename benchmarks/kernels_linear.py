@@ -197,8 +197,8 @@ class Case:
                 path = self.cfg.get("path", "auto")
 
                 def f(x=x, w=self.w[i], pm=pm, path=path):
-                    if decode:
-                        plan = build_group_plan(mask, parts=("union",))
+                    if decode:  # as in the model: the GEMV finds the groups itself (no plan launch)
+                        plan = None
                     elif path == "gemm" or config is not None:
                         plan = build_group_plan(mask, parts=("input",), block_m=block_m)
                     else:  # "auto" prefill = cuBLAS on the masked input: no plan
@@ -226,6 +226,16 @@ def rotations_for(op: str, m: int) -> int:
     return max(2, min(8, -(-180_000_000 // wbytes)))
 
 
+def interleaved(timed: dict, rounds: int) -> dict:
+    """``bench_graph`` of every entry, ``rounds`` times in turn (A B C A B C ...): a drift of the GPU's clock during
+    the run moves every variant alike instead of favouring the one timed last. Per entry, the samples (µs)."""
+    samples = {key: [] for key in timed}
+    for _ in range(rounds):
+        for key, fns in timed.items():
+            samples[key].append(bench_graph(fns))
+    return samples
+
+
 def run_main(args, ceil: dict, gen: torch.Generator) -> list:
     rows = []
     ops = args.ops.split(",")
@@ -236,20 +246,26 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
             if m < OPS[op].get("min_m", 0):
                 continue
             case = Case(op, m, rotations_for(op, m), gen)
-            dense = bench_graph(case.dense_fns(half=False, act=False))
-            half = bench_graph(case.dense_fns(half=True, act=False))
-            dense_act = bench_graph(case.dense_fns(half=False, act=True)) if op == "gate_up" else dense
             g = OPS[op]["N"] // OPS[op]["gs"] if OPS[op]["kind"] in ("gated", "output", "ffn") else OPS[op]["K"] // OPS[op]["gs"]
-            for mname in masks:
-                mask = make_mask(mname, m, g, gen)
-                ours = bench_graph(case.ours_fns(mask))
+            mask_list = [(mname, make_mask(mname, m, g, gen)) for mname in masks]
+            timed = {"dense": case.dense_fns(half=False, act=False), "half": case.dense_fns(half=True, act=False)}
+            if op == "gate_up":
+                timed["dense_act"] = case.dense_fns(half=False, act=True)
+            timed.update({f"ours:{mname}": case.ours_fns(mask) for mname, mask in mask_list})
+            samples = interleaved(timed, args.rounds)
+            med = {key: statistics.median(v) for key, v in samples.items()}
+            dense, half = med["dense"], med["half"]
+            dense_act = med.get("dense_act", dense)
+            for mname, mask in mask_list:
+                ours = med[f"ours:{mname}"]
                 nbytes, flops = cost(op, mask, m)
                 bound = max(nbytes / (ceil["copy_TBps"] * 1e12), flops / (ceil["bf16_mm_TFLOPs"] * 1e12)) * 1e6
                 row = dict(op=op, mask=mname, M=m, ours_us=ours, dense_us=dense, dense_act_us=dense_act,
                            half_us=half, bound_us=bound, speedup=dense / ours, speedup_vs_dense_act=dense_act / ours,
                            frac_bound=bound / ours, TBps=nbytes / (ours * 1e-6) / 1e12,
                            TFLOPs=flops / (ours * 1e-6) / 1e12, bytes=nbytes, flops=flops,
-                           active_frac=float(mask.float().mean()), union_frac=float(mask.any(0).float().mean()))
+                           active_frac=float(mask.float().mean()), union_frac=float(mask.any(0).float().mean()),
+                           ours_us_rounds=samples[f"ours:{mname}"], dense_us_rounds=samples["dense"])
                 rows.append(row)
                 print(f"{op:8s} {mname:9s} M={m:6d} ours {ours:9.1f}us dense {dense:9.1f} half {half:9.1f} "
                       f"bound {bound:9.1f} x{dense / ours:5.2f} {100 * bound / ours:5.1f}%bound", flush=True)
@@ -473,10 +489,11 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              f"bf16 matmul {meta['ceilings']['bf16_mm_TFLOPs']:.0f} TFLOP/s (8192^3, random).", "",
              "Times in µs: median of 25 CUDA-graph replays timed with CUDA events, each replay running the op on R "
              "rotated weight/input copies (R x weight bytes >= 180 MB = 3 x L2, no explicit flush), divided by R; "
-             "ours includes building the plan it needs. "
+             "ours includes building the plan it needs. Dense, half and ours of one (op, M) are timed in "
+             f"{meta.get('rounds', 1)} interleaved rounds; each value is the median over rounds. "
              "Because of the graph capture, the \"auto\" input-group path never takes the skipping GEMM here "
              "(its choice needs a host sync, skipped while capturing): see the *_gemm rows for that kernel. "
-             "Input-group ops (down, o_proj, *_pm) run the default path: union-reading GEMV for M <= 16, cuBLAS on "
+             "Input-group ops (down, o_proj, *_pm) run the default path: union-reading GEMV for M <= 16 (one launch, no plan, as in the model), cuBLAS on "
              "the masked input above (*_pm: input already zero outside each token's groups, x_is_masked=True); "
              "*_gemm rows force the skipping GEMM kernel. ffn = plan + gate_up + down (auto paths). "
              "dense = cuBLAS F.linear on the full weight (gate_up: one GEMM on [Wg; Wu], no activation); "
@@ -516,6 +533,8 @@ def main() -> None:
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
+    ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
+                    "and ours per case; each value is the median over rounds")
     ap.add_argument("--no-main", action="store_true")
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
@@ -526,7 +545,8 @@ def main() -> None:
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 command="python3 benchmarks/kernels_linear.py " + " ".join(sys.argv[1:]),
-                WIDE_PDL=os.environ.get("WIDE_PDL", "0"))  # programmatic dependent launch on / off
+                WIDE_PDL=os.environ.get("WIDE_PDL", "0"),  # programmatic dependent launch on / off
+                rounds=args.rounds)
     t0 = time.time()
     meta["ceilings"] = ceilings()
     print("ceilings", meta["ceilings"], flush=True)
