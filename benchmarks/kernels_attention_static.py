@@ -33,7 +33,6 @@ from wide_compile.templates.attention_reference import group_attention_reference
 SPLITS = (1, 2, 4, 8, 16, 32)
 UNMASKED_SPLITS = (4, 8, 16, 32, 64)
 CONFIGS = ((64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (32, 4, 3))
-TMA_CONFIGS = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (32, 4, 4))  # --tma: K / V as TMA boxes
 
 
 def static_inputs(batch: int, slots: int, filled: int):
@@ -48,7 +47,7 @@ def static_inputs(batch: int, slots: int, filled: int):
     return qs, ks, vs, (None if filled >= slots else amask)
 
 
-def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator, tma: bool = False) -> list[dict]:
+def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator) -> list[dict]:
     qs, ks, vs, amask = static_inputs(batch, slots, filled)
     mask = random_mask(batch, 1, 0.5, gen)
     dims = check_attention_inputs(qs[0], ks[0], vs[0], mask, False, None, amask)
@@ -58,11 +57,10 @@ def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator, tma: 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     masked = amask is not None
     default_splits, default_chunk = choose_num_splits(batch * HKV, slots, qs[0].device, masked=masked)
-    configs = [(*c, False) for c in CONFIGS] + ([(*c, True) for c in TMA_CONFIGS] if tma else [])
-    candidates = [(None, None)] + [(s, c) for s in (SPLITS if masked else UNMASKED_SPLITS) for c in configs]
+    candidates = [(None, None)] + [(s, c) for s in (SPLITS if masked else UNMASKED_SPLITS) for c in CONFIGS]
     rows = []
     for splits, cfg in candidates:
-        config = None if cfg is None else {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2], "TMA": cfg[3]}
+        config = None if cfg is None else {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
 
         def call(i, splits=splits, config=config):
             launch_decode(qs[i], ks[i], vs[i], mask, outs[i], dims, False, splits, config, amask)
@@ -96,14 +94,11 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=2048)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--unmasked", action="store_true", help="every slot filled, no explicit mask, SDPA beside")
-    parser.add_argument("--tma", action="store_true", help="also K / V as TMA boxes (unmasked only: a mask falls back "
-                        "to pointer loads)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(5)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        shape_rows = sweep_shape(batch, args.slots, args.slots if args.unmasked else args.slots // 2 + 50, gen,
-                                 tma=args.tma)
+        shape_rows = sweep_shape(batch, args.slots, args.slots if args.unmasked else args.slots // 2 + 50, gen)
         rows += shape_rows
         default = next(r for r in shape_rows if r["default"])
         best = min((r for r in shape_rows if not r["default"]), key=lambda r: r["us"])
@@ -113,17 +108,13 @@ def main() -> None:
               + (f"; SDPA {default['sdpa_us']:.1f} us: default {default['sdpa_us'] / default['us']:.2f}x, best "
                  f"{default['sdpa_us'] / best['us']:.2f}x" if args.unmasked else ""), flush=True)
         for splits in (UNMASKED_SPLITS if args.unmasked else SPLITS):
-            line = [f"{r['us']:6.1f}" + ("t" if r["config"].get("TMA") else "") for r in shape_rows
-                    if r["num_splits"] == splits and not r["default"]]
+            line = [f"{r['us']:6.1f}" for r in shape_rows if r["num_splits"] == splits and not r["default"]]
             print(f"   splits {splits:2d}: " + " ".join(line), flush=True)
     os.makedirs(args.out_dir, exist_ok=True)
     name = f"kernels_attention_unmasked_s{args.slots}.json" if args.unmasked else "kernels_attention_static.json"
-    if args.tma:
-        name = name.replace(".json", "_tma.json")
     path = os.path.join(args.out_dir, name)
     with open(path, "w") as f:
         json.dump({"command": "python " + " ".join(sys.argv), "versions": versions(), "configs": CONFIGS,
-                   "tma_configs": TMA_CONFIGS if args.tma else [],
                    "rows": rows}, f, indent=1)
     print(f"wrote {path}")
 

@@ -24,7 +24,6 @@ import triton.language as tl
 from ._triton_utils import sm_count
 from .attention_block import attend_block
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
-from .attention_tma import kv_descriptors, kv_tma_ok
 from .dependent_launch import pdl_launch
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
@@ -46,7 +45,7 @@ def _decode_split_kernel(
     num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
         tl.extra.cuda.gdc_wait()
@@ -72,14 +71,8 @@ def _decode_split_kernel(
     if any_active:
         q_ptrs = Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + tok[:, None] * stride_qt + offs_d[None, :]
         q = tl.load(q_ptrs, mask=io_mask, other=0.0)
-        if USE_TMA:  # K / V are descriptors over [B * Hkv * S, D] (S = kv_len): this pair's keys start at row0
-            k_base = K
-            v_base = V
-            row0 = bk * kv_len
-        else:
-            k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
-            v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
-            row0 = 0
+        k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
         q_pos = kv_len - q_len + tok
         start = split * chunk
         end = tl.minimum(start + chunk, kv_len)
@@ -101,7 +94,7 @@ def _decode_split_kernel(
                 # -inf and change nothing
                 load_ok = col_ok & (tl.max(tl.max(valid.to(tl.int32), 1), 0) > 0)
             acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, load_ok,
-                                          valid, offs_d, dmask, qk_scale, row0, start_n, INPUT_PRECISION, USE_TMA)
+                                          valid, offs_d, dmask, qk_scale, 0, 0, INPUT_PRECISION, False)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
         has_keys = l_i > 0
@@ -251,11 +244,7 @@ def launch_decode(
     """Run split + reduce into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
     ``num_splits`` overrides the chunk-count heuristic, ``config`` (``BLOCK_N``, ``num_warps``, ``num_stages``) the
-    launch config; both exist for tests and the benchmark's sweep. ``config["TMA"]``: K / V blocks as TMA boxes
-    (``attention_prefill.kv_tma_ok``) where there is no explicit mask and the cache holds exactly ``kv_len`` keys (a box
-    reads whole blocks: its keys past the chunk are other real keys, hidden by the scores; an explicit mask's hidden
-    blocks, unfilled static-cache slots that may hold anything, are never read by the pointer loads); else pointer
-    loads.
+    launch config; both exist for tests and the benchmark's sweep.
     """
     rows = dims.q_per_kv * dims.q_len
     if rows > MAX_DECODE_ROWS:
@@ -302,17 +291,11 @@ def launch_decode(
         "IS_CAUSAL": causal, "HAS_AMASK": amask is not None, "DIRECT_OUT": direct,
         "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }
-    config = dict(config or {})
-    want_tma = bool(config.pop("TMA", False))
-    if not config:
+    if config is None:
         sms = _device_sm_count(q.device)
         config = decode_config(chunk, num_splits * batch_kv, sms, dims.head_dim, q.element_size())
-    use_tma = (want_tma and amask is None and k.shape[-2] == dims.kv_len and v.shape[-2] == dims.kv_len
-               and kv_tma_ok(k, v, dims, block_d))
-    if use_tma:
-        args = (q, *kv_descriptors(k, v, dims.head_dim, config["BLOCK_N"]), *args[3:])
     pdl = pdl_launch(q.device)
-    _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config, USE_TMA=use_tma, **pdl)
+    _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config, **pdl)
     if not direct:
         _decode_reduce_kernel[(rows, batch_kv)](
             part_o, part_lse, mask, out,

@@ -185,27 +185,3 @@ def test_prefill_kv_blocks_through_tma(q_len, slots, mask_kind, cfg):
     _check(outs[1], ref, mask, torch.bfloat16)
     denom = outs[0].float().norm().clamp_min(1e-30)
     assert ((outs[1].float() - outs[0].float()).norm() / denom).item() < 1e-3
-
-
-@pytest.mark.parametrize("batch, kv_len, q_len, splits, cfg", [
-    (16, 4096, 1, None, (64, 4, 2)), (16, 4096, 1, 16, (128, 4, 2)), (4, 8191, 1, None, (64, 4, 3)),
-    (1, 1000, 4, 1, (32, 4, 4)), (2, 3000, 16, 7, (64, 4, 4))])
-@pytest.mark.parametrize("mask_kind", ["random", "all", "none"])
-def test_decode_kv_blocks_through_tma(batch, kv_len, q_len, splits, cfg, mask_kind):
-    """The split-KV decode with K / V blocks as TMA boxes (``TMA=True``: a box past a chunk or past the pair's last key
-    reads other real keys or zeros, all hidden from the scores): against the reference (ragged lengths, one chunk,
-    several tokens) and within rounding of the pointer loads; an explicit mask falls back to pointer loads."""
-    from wide_compile.templates.attention_checks import check_attention_inputs
-    from wide_compile.templates.attention_decode import launch_decode
-
-    q, k, v, mask = _inputs(batch, q_len, kv_len, torch.bfloat16, mask_kind, seed=batch * 7 + kv_len)
-    dims = check_attention_inputs(q, k, v, mask, True, None)
-    config = dict(zip(("BLOCK_N", "num_warps", "num_stages"), cfg))
-    outs = []
-    for tma in (False, True):
-        out = torch.full_like(q, float("nan"))
-        launch_decode(q, k, v, mask, out, dims, True, splits, {**config, "TMA": tma})
-        outs.append(out)
-    _check(outs[1], group_attention_reference(q, k, v, mask), mask, torch.bfloat16)
-    denom = outs[0].float().norm().clamp_min(1e-30)
-    assert ((outs[1].float() - outs[0].float()).norm() / denom).item() < 1e-3
