@@ -359,11 +359,15 @@ def gate_up_tile_sweeps(ms: tuple = (4096,)) -> list:
     """The prefill gate/up GEMM at its TMA default (128 x 128 tiles, 8 warps, 4 stages) against tiles of 256 tokens
     by 64 columns (each accumulator 256 x 64: the A tile read once per 128 MMA columns, as in cuBLAS's 256 x 128) and
     the program order's group width ``GROUP_N``, and Triton's automatic warp specialisation of the K loop
-    (``WARP_SPECIALIZE``; stop 14's run had no such rows) (``kernels_linear_sweep_gate_up_tiles.json``)."""
+    (``WARP_SPECIALIZE``; stop 14's run had no such rows), and (stop 21) 128-wide K steps or one warpgroup per program
+    (``kernels_linear_sweep_gate_up_tiles.json``)."""
     base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True)
     wide_m = dict(base, BLOCK_M=256, BLOCK_N=64)
     configs = [base, dict(base, WARP_SPECIALIZE=True), dict(base, WARP_SPECIALIZE=True, num_stages=3),
-               dict(base, GROUP_N=16), wide_m, dict(base, BLOCK_N=64, num_stages=5)]
+               dict(base, GROUP_N=16), wide_m, dict(base, BLOCK_N=64, num_stages=5),
+               # stop 21 (ncu: CTA-barrier stalls, one per K step): half the barriers per FLOP, or barriers over 4 warps
+               dict(base, BLOCK_K=128, num_stages=2), dict(base, BLOCK_M=64, num_warps=4),
+               dict(base, BLOCK_M=64, num_warps=4, num_stages=3)]
     return [("gate_up", m, "rand50", configs) for m in ms]
 
 
