@@ -27,7 +27,7 @@ HIDDEN, INTER, GROUP, TOKENS = 4096, 14336, 128, 4096
 HQ, HKV, D, BATCH, KV_LEN = 32, 8, 128, 16, 4096
 
 
-def gate_up(repeats: int, ws: bool = False) -> None:
+def gate_up(repeats: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(TOKENS, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
     wg, wu = ((torch.randn(INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).to(torch.bfloat16)
@@ -37,10 +37,6 @@ def gate_up(repeats: int, ws: bool = False) -> None:
         plan = build_group_plan(mask, parts=("output",))
         gated_up_groups(x, wg, wu, mask, GROUP, "silu", plan)
         F.linear(x, wg)
-        if ws:
-            from wide_compile.templates.gemm_gated_up_ws import gated_up_gemm_ws
-
-            gated_up_gemm_ws(x, wg, wu, plan.group_tokens, plan.group_counts, GROUP)
     torch.cuda.synchronize()
 
 
@@ -62,13 +58,10 @@ def decode(repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=("gate_up", "gate_up_ws", "decode"))
+    parser.add_argument("case", choices=("gate_up", "decode"))
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
-    if args.case == "gate_up_ws":  # also the experimental warp-specialised Gluon kernel (templates/gemm_gated_up_ws.py)
-        gate_up(args.repeats, ws=True)
-    else:
-        {"gate_up": gate_up, "decode": decode}[args.case](args.repeats)
+    {"gate_up": gate_up, "decode": decode}[args.case](args.repeats)
 
 
 if __name__ == "__main__":
