@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels_attention import graph_time_per_call  # (benchmarks/ is the script's folder)
 from wide_compile.templates import build_group_plan
 from wide_compile.templates.gemm_gated_up import gated_up_gemm
 
@@ -61,26 +62,6 @@ def _probe_kernel(x_ptr, x_desc, wg_desc, wu_desc, h_ptr, tokens_ptr, counts_ptr
                  mask=(offs_m < M)[:, None])
 
 
-def graph_us(fns: list, reps: int = 15) -> float:
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(fns))
-    return statistics.median(times)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=4096)
@@ -115,7 +96,7 @@ def main() -> None:
     samples = {k: [] for k in variants}
     for _ in range(args.rounds):
         for k, fns in variants.items():
-            samples[k].append(graph_us(fns))
+            samples[k].append(graph_time_per_call(fns) * 1e3)  # µs per call
     flops = 2 * 2 * int(mask.sum()) * GROUP * HIDDEN
     result = {"command": "python3 benchmarks/gate_up_gather_probe.py " + " ".join(sys.argv[1:]),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
