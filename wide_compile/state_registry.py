@@ -34,7 +34,7 @@ _FREED: list[int] = []  # keys whose state was collected; dropped from _LIVE_STA
 
 
 def register(state: WideState) -> int:
-    """Give ``state`` a new key in the registry (dropped when the state is garbage-collected)."""
+    """Give ``state`` a new key in the registry (dropped by a later call once the state is garbage-collected)."""
     while _FREED:
         _LIVE_STATES.pop(_FREED.pop(), None)
     key = next(_KEYS)
