@@ -3,9 +3,10 @@ CPU), the op's ``cos`` / ``sin`` arguments (``wide::output_group_linear_with_den
 rotation there (``passes/query_rope_epilogue.py``).
 
 - kernel: the output-group GEMM with ``rotary=`` equals the reference rotation of the reference projection (fp32
-  within a few units in the last place of the two GEMMs' summation orders, fp16 within one rounding), ragged token counts, tables shared or per sequence, all-active / all-inactive /
-  random masks, output poisoned first, and at head dims 16 / 32 called directly; other paths (GEMV, a head dim the
-  epilogue cannot take or the GPU tests have not run) rotate afterwards;
+  within a few units in the last place of the two GEMMs' summation orders, fp16 within one rounding), ragged token
+  counts, tables shared or per sequence, all-active / all-inactive / random masks, output poisoned first, and at head
+  dims 16 / 32 called directly; other paths (GEMV, a head dim the epilogue cannot take or the GPU tests have not run)
+  rotate afterwards;
 - errors: tables of the wrong shape, dtype, or a head dim that does not divide the group;
 - the op on CPU equals HF's rotation of its query, fakes agree (opcheck);
 - the pass: a compiled tiny Llama / Qwen2 prefill (head dim 64, above the GEMV range) moves every query rotation
