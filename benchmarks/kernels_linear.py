@@ -450,12 +450,10 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1)
             except Exception as e:  # a config that does not compile / fit: report, continue
                 fns, err = None, float("nan")
                 print(f"  config failed: {type(e).__name__}: {str(e)[:120]}")
-            runs.append((cfg, block_m, fns, err, []))
-        for _ in range(repeat):
-            for cfg, block_m, fns, err, samples in runs:
-                if fns is not None:
-                    samples.append(bench_graph(fns))
-        for cfg, block_m, fns, err, samples in runs:
+            runs.append((cfg, block_m, fns, err))
+        timed = interleaved({i: run[2] for i, run in enumerate(runs) if run[2] is not None}, repeat)
+        for i, (cfg, block_m, _fns, err) in enumerate(runs):
+            samples = timed.get(i, [])
             t = statistics.median(samples) if samples else float("nan")
             row = dict(op=op, M=m, mask=mname, config=cfg, block_m=block_m, us=t, dense_us=dense, rel_err=err)
             if repeat > 1:
