@@ -11,8 +11,9 @@ packed into one tile) on that layout (Llama-3-8B attention shapes, 50%
 random head-group masks), checks each against the default's output, and writes
 ``<out_dir>/kernels_attention_prefill_static.json`` (``--name``: another file name).
 
-Usage: ``python benchmarks/kernels_attention_prefill_static.py [--out-dir DIR] [--lengths 1024,4096,16384] [--tma]``
-(``--tma``: every configuration also with K / V blocks loaded as TMA boxes.)
+Usage: ``python benchmarks/kernels_attention_prefill_static.py [--out-dir DIR] [--lengths 1024,4096,16384] [--tma]
+[--heads-first] [--default-only]`` (``--tma``: every configuration also with K / V blocks loaded as TMA boxes;
+``--heads-first``: also with the grid's heads dimension first, ``HEADS_FIRST``.)
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def main() -> None:
     parser.add_argument("--name", default="kernels_attention_prefill_static.json", help="result file in --out-dir")
     parser.add_argument("--tma", action="store_true", help="also time every configuration with K / V loaded as TMA "
                         "boxes (config TMA=True)")
+    parser.add_argument("--heads-first", action="store_true", help="also time every configuration with the grid's "
+                        "heads dimension first (config HEADS_FIRST=True: longest tiles first over all heads)")
+    parser.add_argument("--default-only", action="store_true", help="time only the default configuration (and its "
+                        "--tma / --heads-first variants)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -70,9 +75,12 @@ def main() -> None:
         dims = check_attention_inputs(q0, k0, v0, head_mask, False, None, mask, ext)
         default = prefill_config(q_len, q_len + EXTRA_SLOTS, D, masked=True)
         keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "H_PACK")
-        configs = [default] + [dict(zip(keys, c)) for c in SWEEP_CONFIGS + PACKED_SWEEP_CONFIGS]
+        configs = [default] + ([] if args.default_only else
+                               [dict(zip(keys, c)) for c in SWEEP_CONFIGS + PACKED_SWEEP_CONFIGS])
         if args.tma:
             configs += [{**cfg, "TMA": True} for cfg in configs]
+        if args.heads_first:
+            configs += [{**cfg, "HEADS_FIRST": True} for cfg in configs]
 
         def call(s, cfg):
             q, k, v, out = s

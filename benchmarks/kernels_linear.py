@@ -388,6 +388,22 @@ def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384), splits: tuple = (1, 
                for m in ms])
 
 
+def active_first_sweeps(ms: tuple = (4096, 16384, 1024)) -> list:
+    """The prefill gate/up GEMM and the query projection's output-group GEMM at their default tiles with and without
+    ``ACTIVE_FIRST`` (the tiles below the largest group's count first, the zero-only tiles last, where they can fill
+    the SMs the last wave of MMA tiles leaves idle; ``kernels_linear_sweep_active_first.json``)."""
+    from wide_compile.templates.gemm_gated_up import default_config
+
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
+    gs, q_gs = OPS["gate_up"]["gs"], OPS["q_proj"]["gs"]
+    q_groups = OPS["q_proj"]["N"] // q_gs
+    return ([("gate_up", m, "rand50", [dict(default_config(m, gs), ACTIVE_FIRST=a) for a in (False, True)])
+             for m in ms]
+            + [("q_proj", m, "rand50", [dict(q_default(m, q_gs, q_groups), ACTIVE_FIRST=a) for a in (False, True)])
+               for m in ms])
+
+
 def moderate_tile_sweeps() -> list:
     """The output-group GEMMs (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 64-1024 tokens,
     where the default tiles leave few programs per group (64 tokens: 32 programs for the query projection) or spill
@@ -534,6 +550,8 @@ def main() -> None:
                     "splits at 1-16 tokens instead (kernels_linear_sweep_gated_decode.json)")
     ap.add_argument("--sweep-half-tail", action="store_true", help="time the prefill gate/up GEMM with and without "
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
+    ap.add_argument("--sweep-active-first", action="store_true", help="time the prefill output-group GEMMs with "
+                    "and without ACTIVE_FIRST (zero-only tiles last); --ms: token counts")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -565,6 +583,8 @@ def main() -> None:
               "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
               "sweep_half_tail": (lambda: half_tail_sweeps(tuple(int(v) for v in args.ms.split(",")))
                                   if args.ms else half_tail_sweeps(), "kernels_linear_sweep_half_tail.json"),
+              "sweep_active_first": (lambda: active_first_sweeps(tuple(int(v) for v in args.ms.split(",")))
+                                     if args.ms else active_first_sweeps(), "kernels_linear_sweep_active_first.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

@@ -71,16 +71,30 @@ if HAS_TRITON:
 
     @triton.jit
     def output_group_tile(M, N, tokens_ptr, counts_ptr, GROUP_SIZE: tl.constexpr, TILES_PER_GROUP: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
+                          ACTIVE_FIRST: tl.constexpr = 0):
         """This program's tile of an output-group GEMM over the per-group reordered token list.
 
         Returns ``(tile_start, offs_m, rows, count, offs_n, valid_n, out_mask)``: the tile's first position
         in group ``g``'s list (active tokens first; the tile is fully inactive when ``tile_start >= count``),
-        the token rows it gathers / scatters, and its output columns.
+        the token rows it gathers / scatters, and its output columns. ``ACTIVE_FIRST`` (0: off, else a power of
+        two >= the number of groups): the first programs sweep the token tiles below the largest group's count, the
+        rest (zero-only tiles in every group) come last, where they fill the SMs the last wave of MMA tiles leaves.
         """
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = (N // GROUP_SIZE) * TILES_PER_GROUP
-        pid_m, pid_n = swizzle_n_major(tl.program_id(0), num_m, num_n, GROUP_N)
+        if ACTIVE_FIRST:
+            offs_g = tl.arange(0, ACTIVE_FIRST)
+            largest = tl.max(tl.load(counts_ptr + offs_g, mask=offs_g < N // GROUP_SIZE, other=0), 0)
+            m_act = tl.cdiv(largest, BLOCK_M)
+            pid = tl.program_id(0)
+            if pid < m_act * num_n:
+                pid_m, pid_n = swizzle_n_major(pid, m_act, num_n, GROUP_N)
+            else:
+                pid_m = m_act + (pid - m_act * num_n) // num_n
+                pid_n = (pid - m_act * num_n) % num_n
+        else:
+            pid_m, pid_n = swizzle_n_major(tl.program_id(0), num_m, num_n, GROUP_N)
         g = pid_n // TILES_PER_GROUP
         offs_gn = (pid_n % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
         valid_n = offs_gn < GROUP_SIZE

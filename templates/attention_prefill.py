@@ -181,10 +181,14 @@ def _prefill_kernel(
     num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
     TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    H_PACK: tl.constexpr, USE_TMA: tl.constexpr,
+    H_PACK: tl.constexpr, USE_TMA: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # largest positions first
-    bh = tl.program_id(1)
+    if HEADS_FIRST:  # grid (heads, tiles): every head's tile of the largest positions first (longest first overall)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        bh = tl.program_id(0)
+    else:  # grid (tiles, heads): largest positions first within each head
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // (num_q_heads // H_PACK)
     h0 = (bh % (num_q_heads // H_PACK)) * H_PACK  # the first of the H_PACK query heads packed into this tile
     g = h0 // heads_per_group
@@ -295,9 +299,9 @@ def _attend_plain(
 # (benchmarks/attention_aot_report.py, D=128 bf16): 128x64 tiles with 4 warps spill (255 regs), so BLOCK_M=128 tiles
 # use 8 warps (two warpgroups).
 _PREFILL_CONFIGS = (
-    # (max(T, S) up to, BLOCK_M, BLOCK_N, num_warps, num_stages, H_PACK, TMA K / V)
-    (4096, 32, 64, 4, 3, 2, True),
-    (1 << 62, 32, 64, 8, 3, 4, False),
+    # (max(T, S) up to, BLOCK_M, BLOCK_N, num_warps, num_stages, H_PACK, TMA K / V, HEADS_FIRST)
+    (4096, 32, 64, 4, 3, 2, True, True),
+    (1 << 62, 32, 64, 8, 3, 4, False, False),
 )
 SWEEP_CONFIGS = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4))
 # Query heads packed into one tile (``H_PACK``, the last entry): H_PACK x BLOCK_M rows per program.
@@ -326,6 +330,10 @@ def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2, m
     ``kernels_attention_prefill_static_tma.json``, same layout): 4096 tokens 0.2103-0.2111 -> 0.2045-0.2053 ms with the
     4-warp tiles, but 2.2023-2.2670 -> 2.4178-2.4751 at 16384 tokens with the 8-warp tiles, which keep pointer loads.
     Compiled for sm_90a (``attention_aot_report.py``) the TMA kernels use 152-162 registers against 242-255.
+    ``HEADS_FIRST`` (the grid's heads dimension first, so the tiles of the largest positions of every head run
+    first; ``kernels_attention_prefill_heads_first.json``, same layout, ms per layer): 1024 tokens 0.0324 -> 0.0312,
+    4096 0.2052 -> 0.1801; at 16384 it loses (2.1444 -> 2.2826: every KV head's 8 MB of K / V is then read at once,
+    more than L2 holds), so the longer row keeps the tiles of one head together.
 
     Tiles shrink for wide heads or fp32 so that Q plus the pipelined K/V stages fit in the 227 KB of shared memory
     of an sm_90 block and the fp32 accumulator stays in registers.
@@ -333,7 +341,7 @@ def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2, m
     if interpreting():
         return dict(_INTERPRET_META)
     length = q_len if masked else max(q_len, kv_len)
-    for max_len, block_m, block_n, warps, stages, pack, tma in _PREFILL_CONFIGS:
+    for max_len, block_m, block_n, warps, stages, pack, tma, heads_first in _PREFILL_CONFIGS:
         if length <= max_len:
             break
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -345,7 +353,7 @@ def prefill_config(q_len: int, kv_len: int, head_dim: int, elem_size: int = 2, m
     while stages > 2 and rows * block_d * elem_size + stages * 2 * block_n * block_d * elem_size > _SMEM_LIMIT:
         stages -= 1
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "H_PACK": pack,
-            "TMA": tma}
+            "TMA": tma, "HEADS_FIRST": heads_first}
 
 
 def head_pack(cfg: dict, dims: AttentionDims, explicit: bool) -> int:
@@ -387,8 +395,9 @@ def launch_prefill(
 ) -> None:
     """Run the prefill kernel into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
-    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``H_PACK`` and ``TMA``) overrides
-    :func:`prefill_config`; ``TMA``: K / V blocks as TMA boxes where :func:`kv_tma_ok` allows (else pointer loads);
+    ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``H_PACK``, ``TMA`` and
+    ``HEADS_FIRST``) overrides :func:`prefill_config`; ``TMA``: K / V blocks as TMA boxes where :func:`kv_tma_ok`
+    allows (else pointer loads); ``HEADS_FIRST``: the grid is (heads, tiles) instead of (tiles, heads);
     ``attn_mask``: the checked boolean mask (see ``attention_checks.expand_attn_mask``); ``attn_mask_extents``: its
     row extents if already computed (``attention_mask_extents.attn_mask_extents``), else they are computed here;
     ``row_order``: ``(order, count)`` of ``head_mask`` if already computed (``wide::group_rows``), else computed here.
@@ -413,6 +422,7 @@ def launch_prefill(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     cfg = dict(config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size(), amask is not None))
     tma = bool(cfg.pop("TMA", False)) and kv_tma_ok(k, v, dims, block_d)
+    heads_first = bool(cfg.pop("HEADS_FIRST", False))
     k_arg, v_arg = kv_descriptors(k, v, dims.head_dim, cfg["BLOCK_N"]) if tma else (k, v)
     args = (
         q, k_arg, v_arg, out, order, count, amask if amask is not None else order, ext if ext is not None else order,
@@ -426,11 +436,12 @@ def launch_prefill(
         dims.scale * _LOG2E,
     )
     meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "HAS_AMASK": amask is not None,
-            "INPUT_PRECISION": precision, "USE_TMA": tma}
+            "INPUT_PRECISION": precision, "USE_TMA": tma, "HEADS_FIRST": heads_first}
     asked = int(cfg.get("H_PACK", 1))
     cfg["H_PACK"] = head_pack(cfg, dims, explicit=config is not None and "H_PACK" in config)
     cfg["BLOCK_M"] *= asked // cfg["H_PACK"]  # a default packing the heads do not allow: taller tiles, same rows
     grid = (triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads // cfg["H_PACK"])
+    grid = grid[::-1] if heads_first else grid
     _prefill_kernel[grid](*args, **meta, TILE_MASK=False, **cfg)
     if amask is not None:  # tiles with a row that is not one contiguous key range (its programs exit at once otherwise)
         _prefill_kernel[grid](*args, **meta, TILE_MASK=True, **cfg)

@@ -117,9 +117,10 @@ if HAS_TRITON:
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
         TAIL_SPLIT: tl.constexpr,
+        ACTIVE_FIRST: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
-            M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N)
+            M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N, ACTIVE_FIRST)
         part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
         if tile_start >= count:  # fully inactive tile: zeros only
             y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
@@ -214,6 +215,7 @@ def output_groups_gemm(
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
+        ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) else 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -427,7 +427,8 @@ def test_prefill_launch_config_follows_the_prompt_with_an_explicit_mask(monkeypa
     packing."""
     prefill = sys.modules["wide_compile.templates.attention_prefill"]
     monkeypatch.setattr(prefill, "interpreting", lambda: False)
-    small = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "H_PACK": 2, "TMA": True}
+    small = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "H_PACK": 2, "TMA": True,
+             "HEADS_FIRST": True}
     assert prefill.prefill_config(4096, 4160, 128, 2, masked=True) == small
     assert prefill.prefill_config(4096, 4160, 128, 2)["num_warps"] == 8
     assert prefill.prefill_config(16384, 16448, 128, 2, masked=True)["H_PACK"] == 4
@@ -477,7 +478,8 @@ PACKED_CASES = [
 def test_prefill_with_packed_query_heads(batch, hq, hkv, groups, q_len, kv_len, head_dim, dtype, mask_kind,
                                          amask_kind, pack):
     """``H_PACK`` query heads of one group (and one KV head) in one tile: they share the active rows and each K/V
-    block; causal and explicit masks (per-head masks too), both passes of the explicit-mask kernel."""
+    block; causal and explicit masks (per-head masks too), both passes of the explicit-mask kernel; both grid orders
+    (``HEADS_FIRST``)."""
     from wide_compile.templates.attention_checks import check_attention_inputs
 
     gen = torch.Generator().manual_seed(q_len * 7 + pack)
@@ -486,11 +488,12 @@ def test_prefill_with_packed_query_heads(batch, hq, hkv, groups, q_len, kv_len, 
     amask = None if amask_kind is None else attn_mask_of(amask_kind, batch, hq, q_len, kv_len, gen)
     causal = amask is None
     dims = check_attention_inputs(q, k, v, head_mask, causal, None, amask, None)
-    out = poisoned(batch, hq, q_len, head_dim, dtype)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "H_PACK": pack}
-    attention_prefill.launch_prefill(q, k, v, head_mask, out, dims, causal, cfg, attn_mask=amask)
     ref = group_attention_reference(q, k, v, head_mask, causal=causal, attn_mask=amask)
-    assert_matches(out, ref, head_mask, dtype)
+    for heads_first in (False, True):  # grid (tiles, heads) or (heads, tiles): the same tiles in another order
+        out = poisoned(batch, hq, q_len, head_dim, dtype)
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "H_PACK": pack, "HEADS_FIRST": heads_first}
+        attention_prefill.launch_prefill(q, k, v, head_mask, out, dims, causal, cfg, attn_mask=amask)
+        assert_matches(out, ref, head_mask, dtype)
 
 
 def test_head_packing_checks_the_shape():

@@ -177,11 +177,13 @@ def test_prefill_kv_blocks_through_tma(q_len, slots, mask_kind, cfg):
     keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "H_PACK")
     config = dict(zip(keys, cfg)) if cfg else prefill_config(q_len, slots, D, masked=amask is not None)
     outs = []
-    for tma in (False, True):
+    for tma, heads_first in ((False, False), (True, False), (True, True)):
         out = torch.full_like(q, float("nan"))
-        launch_prefill(q, k, v, mask, out, dims, amask is None, {**config, "TMA": tma}, attn_mask=amask)
+        launch_prefill(q, k, v, mask, out, dims, amask is None, {**config, "TMA": tma, "HEADS_FIRST": heads_first},
+                       attn_mask=amask)
         outs.append(out)
     ref = group_attention_reference(q, k, v, mask, causal=amask is None, attn_mask=amask)
     _check(outs[1], ref, mask, torch.bfloat16)
     denom = outs[0].float().norm().clamp_min(1e-30)
     assert ((outs[1].float() - outs[0].float()).norm() / denom).item() < 1e-3
+    assert torch.equal(outs[2], outs[1])  # HEADS_FIRST: the same programs launched in another order

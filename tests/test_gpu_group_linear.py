@@ -119,14 +119,14 @@ def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
     x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
     mask = _mask(kind, m, INTER // FFN_GROUP, gen)
     for cfg in ({"TMA": True}, {"TMA": True, "num_stages": 3}, {"TMA": True, "TAIL_SPLIT": 2},
-                {"TMA": True, "TAIL_SPLIT": 4}):
+                {"TMA": True, "TAIL_SPLIT": 4}, {"TMA": True, "TAIL_SPLIT": 2, "ACTIVE_FIRST": True}):
         h = gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemm", config=cfg,
                             out=torch.full((m, INTER), float("nan"), dtype=torch.bfloat16, device="cuda"))
         _check(h, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu"), mask, FFN_GROUP)
     wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
     attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
     for cfg in ({"TMA": True}, {"TMA": True, "TAIL_SPLIT": 2},
-                {"TMA": True, "TAIL_SPLIT": 4}):
+                {"TMA": True, "TAIL_SPLIT": 4}, {"TMA": True, "TAIL_SPLIT": 2, "ACTIVE_FIRST": True}):
         q = output_group_linear(x, wq, attn_mask, ATTN_GROUP, bias, path="gemm", config=cfg,
                                 out=torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
         _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)

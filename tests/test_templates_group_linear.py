@@ -207,7 +207,8 @@ def test_output_group_gemms_tail_split(k, m, kind):
     """``TAIL_SPLIT`` (gate/up and the output-group GEMM): a group's last tile with at most half / a quarter of its
     rows active runs the products on that many rows and stores zeros for the rest. With 64-row tiles "counts" gives
     the groups 1, 16, 17, 32, 33, 63, 64 and 65 active tokens: tails at, below and above a quarter and a half.
-    16-row tiles keep whole tiles (a half would be below ``tl.dot``'s 16 rows)."""
+    16-row tiles keep whole tiles (a half would be below ``tl.dot``'s 16 rows). ``ACTIVE_FIRST`` (tiles below the
+    largest count first, zero-only tiles last) must cover every tile once, whatever the counts."""
     gen = torch.Generator().manual_seed(m + len(kind))
     dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
     d, gs, counts = 80, 16, (1, 16, 17, 32, 33, 63, 64, 65)
@@ -222,7 +223,8 @@ def test_output_group_gemms_tail_split(k, m, kind):
         mask = _mask(kind, m, len(counts), gen)
     bias = torch.randn(n, generator=gen).to(dtype)
     for cfg in ({"TAIL_SPLIT": 2}, {"TAIL_SPLIT": 2, "TMA": True}, {"TAIL_SPLIT": 4, "BLOCK_M": 64},
-                {"TAIL_SPLIT": 4, "BLOCK_M": 64, "TMA": True}, {"TAIL_SPLIT": 2, "BLOCK_M": 16}):
+                {"TAIL_SPLIT": 4, "BLOCK_M": 64, "TMA": True}, {"TAIL_SPLIT": 2, "BLOCK_M": 16},
+                {"TAIL_SPLIT": 2, "BLOCK_M": 16, "ACTIVE_FIRST": True}, {"ACTIVE_FIRST": True, "GROUP_N": 3}):
         h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
         _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
         y = lin.output_group_linear(x, wg, mask, gs, bias, path="gemm", config=cfg, out=_poisoned((m, n), dtype))
@@ -238,7 +240,7 @@ def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
     gemm = k["gemm_gated_up"]
     monkeypatch.setattr(gemm, "interpreting", lambda: False)
     assert gemm.default_config(4096, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4,
-                                                  TMA=True, TAIL_SPLIT=2)
+                                                  TMA=True, TAIL_SPLIT=2, ACTIVE_FIRST=True)
     assert gemm.default_config(8192, 128) == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                                                   TMA=True, TAIL_SPLIT=2)
     assert gemm.default_config(256, 128)["BLOCK_M"] == 128
