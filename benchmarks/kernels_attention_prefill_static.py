@@ -53,6 +53,27 @@ def static_prefill_inputs(q_len: int, copies: int, gen: torch.Generator):
     return sets, mask, attn_mask_extents(mask, slots)
 
 
+def first_pass_only(q, k, v, head_mask, out, dims, cfg, mask, ext) -> None:
+    """``launch_prefill`` without its second launch (``TILE_MASK=True``, the mask-tile pass): a timing probe only,
+    correct where every row of the mask is contiguous (the causal mask here)."""
+    import wide_compile.templates.attention_prefill as prefill
+
+    real = prefill._prefill_kernel
+
+    class FirstPass:
+        def __getitem__(self, grid):
+            def run(*a, **meta):
+                if not meta["TILE_MASK"]:
+                    real[grid](*a, **meta)
+            return run
+
+    prefill._prefill_kernel = FirstPass()
+    try:
+        launch_prefill(q, k, v, head_mask, out, dims, False, cfg, attn_mask=mask, attn_mask_extents=ext)
+    finally:
+        prefill._prefill_kernel = real
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
@@ -62,6 +83,9 @@ def main() -> None:
                         "boxes (config TMA=True)")
     parser.add_argument("--heads-first", action="store_true", help="also time every configuration with the grid's "
                         "heads dimension first (config HEADS_FIRST=True: longest tiles first over all heads)")
+    parser.add_argument("--skip-mask-pass", action="store_true", help="timing probe: also time each configuration "
+                        "without the explicit mask's second launch (the mask-tile pass; its programs all exit on this "
+                        "causal mask), to price that launch")
     parser.add_argument("--default-only", action="store_true", help="time only the default configuration (and its "
                         "--tma / --heads-first variants)")
     args = parser.parse_args()
@@ -81,9 +105,14 @@ def main() -> None:
             configs += [{**cfg, "TMA": True} for cfg in configs]
         if args.heads_first:
             configs += [{**cfg, "HEADS_FIRST": True} for cfg in configs]
+        if args.skip_mask_pass:
+            configs += [{**cfg, "SKIP_MASK_PASS": True} for cfg in configs]
 
         def call(s, cfg):
             q, k, v, out = s
+            cfg = dict(cfg)
+            if cfg.pop("SKIP_MASK_PASS", False):
+                return lambda: first_pass_only(q, k, v, head_mask, out, dims, cfg, mask, ext)
             return lambda: launch_prefill(q, k, v, head_mask, out, dims, False, cfg, attn_mask=mask,
                                           attn_mask_extents=ext)
 

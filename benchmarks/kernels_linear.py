@@ -404,6 +404,22 @@ def active_first_sweeps(ms: tuple = (4096, 16384, 1024)) -> list:
                for m in ms])
 
 
+def query_tile_sweeps(ms: tuple = (4096,)) -> list:
+    """The query projection's output-group GEMM (8 groups of 512) at its default tile for many tokens (128 x 256,
+    8 warps, 3 TMA stages, half-height tails) against deeper pipelines, other tile shapes and program orders
+    (``kernels_linear_sweep_query_tiles.json``)."""
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
+    q_gs = OPS["q_proj"]["gs"]
+    configs = []
+    for m in ms:
+        base = q_default(m, q_gs, OPS["q_proj"]["N"] // q_gs)
+        configs.append((m, [base, dict(base, num_stages=4), dict(base, BLOCK_N=128), dict(base, BLOCK_N=128, num_stages=4),
+                            dict(base, BLOCK_M=256, BLOCK_N=128), dict(base, GROUP_N=4), dict(base, GROUP_N=16),
+                            dict(base, TAIL_SPLIT=4)]))
+    return [("q_proj", m, "rand50", cfgs) for m, cfgs in configs]
+
+
 def moderate_tile_sweeps() -> list:
     """The output-group GEMMs (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 64-1024 tokens,
     where the default tiles leave few programs per group (64 tokens: 32 programs for the query projection) or spill
@@ -552,6 +568,8 @@ def main() -> None:
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
     ap.add_argument("--sweep-active-first", action="store_true", help="time the prefill output-group GEMMs with "
                     "and without ACTIVE_FIRST (zero-only tiles last); --ms: token counts")
+    ap.add_argument("--sweep-query-tiles", action="store_true", help="time the query projection's output-group GEMM "
+                    "tiles; --ms: token counts (default 4096)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -585,6 +603,8 @@ def main() -> None:
                                   if args.ms else half_tail_sweeps(), "kernels_linear_sweep_half_tail.json"),
               "sweep_active_first": (lambda: active_first_sweeps(tuple(int(v) for v in args.ms.split(",")))
                                      if args.ms else active_first_sweeps(), "kernels_linear_sweep_active_first.json"),
+              "sweep_query_tiles": (lambda: query_tile_sweeps(tuple(int(v) for v in args.ms.split(",")))
+                                    if args.ms else query_tile_sweeps(), "kernels_linear_sweep_query_tiles.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

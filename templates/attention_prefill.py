@@ -24,8 +24,12 @@ its rows' extents, so a static cache's unfilled slots are never read. Two launch
 - the extents pass (``TILE_MASK = False``) takes the tiles whose active rows are each one contiguous key range
   (causal and padding masks, what transformers builds): the extents are the mask, which it does not read; the key
   blocks every row sees in full run unmasked, the others with a range predicate, as the causal variant does;
-- the mask-tile pass (``TILE_MASK = True``) takes the other active tiles and applies the mask tile as -inf; its
-  programs for the extents pass's tiles exit after reading the extents.
+- the mask-tile pass (``TILE_MASK = True``) takes the other active tiles and applies the mask tile as -inf. The
+  extents pass lists them (one atomic per listed tile into an ``arrival_counters`` counter), and the mask-tile pass
+  runs on a small grid (2 programs per SM) that shares the list out; the last of its programs resets the counters.
+  With nothing listed (every mask transformers builds) it costs one launch of exiting programs: with one program per
+  tile, whose programs read the order and the extents before exiting, it took 14.3 of the 178.4 µs per layer at 4096
+  tokens on the H200 (``benchmarks/results/kernels_attention_prefill_mask_pass.json``).
 
 Two launches rather than a branch: ptxas serializes every wgmma of a function whose loop loads a mask tile
 (C7515, ``benchmarks/attention_aot_report.py``), which made the one-launch version 1.8x slower than the causal
@@ -46,6 +50,8 @@ from .attention_checks import (
 from .attention_compact import check_row_order, compact_active_rows
 from .attention_mask_extents import attn_mask_extents as attn_mask_extents_of
 from .attention_mask_extents import check_attn_mask_extents
+from .arrival_counters import arrival_counters
+from ._triton_utils import sm_count
 
 __all__ = ["group_attention_prefill"]
 
@@ -171,24 +177,66 @@ def _attend_contiguous_rows(
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, O, ORDER, COUNT, AMASK, EXT,
+    Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_ot,
     stride_ab, stride_ah, stride_at, stride_as,
     stride_eb, stride_eh, stride_et,
-    num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale,
+    num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_m, num_bh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
     TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     H_PACK: tl.constexpr, USE_TMA: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    if HEADS_FIRST:  # grid (heads, tiles): every head's tile of the largest positions first (longest first overall)
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-        bh = tl.program_id(0)
-    else:  # grid (tiles, heads): largest positions first within each head
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        bh = tl.program_id(1)
+    if TILE_MASK:
+        # The tiles the extents pass listed (a row that is not one contiguous key range), shared by a small grid;
+        # the last program to finish resets the list's counters to 0 (``arrival_counters``' contract).
+        listed = tl.load(COUNTERS)
+        for i in range(tl.program_id(0), listed, tl.num_programs(0)):
+            tile = tl.load(WORK + i)
+            _prefill_tile(
+                tile // num_bh, tile % num_bh, Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS,
+                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                stride_ob, stride_oh, stride_ot, stride_ab, stride_ah, stride_at, stride_as, stride_eb, stride_eh,
+                stride_et, num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_bh,
+                HEAD_DIM, BLOCK_D, IS_CAUSAL, HAS_AMASK, True, INPUT_PRECISION, BLOCK_M, BLOCK_N, H_PACK, USE_TMA,
+            )
+        finished = tl.atomic_add(COUNTERS + 1, 1, sem="acq_rel")
+        if finished == tl.num_programs(0) - 1:
+            tl.atomic_xchg(COUNTERS, 0)
+            tl.atomic_xchg(COUNTERS + 1, 0)
+    else:
+        if HEADS_FIRST:  # grid (heads, tiles): every head's tile of the largest positions first (longest overall first)
+            pid_m = num_m - 1 - tl.program_id(1)
+            bh = tl.program_id(0)
+        else:  # grid (tiles, heads): largest positions first within each head
+            pid_m = num_m - 1 - tl.program_id(0)
+            bh = tl.program_id(1)
+        _prefill_tile(
+            pid_m, bh, Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS,
+            stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+            stride_ob, stride_oh, stride_ot, stride_ab, stride_ah, stride_at, stride_as, stride_eb, stride_eh,
+            stride_et, num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_bh,
+            HEAD_DIM, BLOCK_D, IS_CAUSAL, HAS_AMASK, False, INPUT_PRECISION, BLOCK_M, BLOCK_N, H_PACK, USE_TMA,
+        )
+
+
+@triton.jit
+def _prefill_tile(
+    pid_m, bh, Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_ot,
+    stride_ab, stride_ah, stride_at, stride_as,
+    stride_eb, stride_eh, stride_et,
+    num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_bh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
+    TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    H_PACK: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """One (tile of compacted rows, packed heads) of the kernel; see the module docstring."""
     b = bh // (num_q_heads // H_PACK)
     h0 = (bh % (num_q_heads // H_PACK)) * H_PACK  # the first of the H_PACK query heads packed into this tile
     g = h0 // heads_per_group
@@ -221,10 +269,13 @@ def _prefill_kernel(
         offset = kv_len - q_len
         q_pos = rows + offset
         mine = True
-        if HAS_AMASK:  # contiguous tiles belong to the first pass, the others to the mask-tile pass
+        if HAS_AMASK:  # contiguous tiles belong to the first pass, which lists the others for the mask-tile pass
             ext = EXT + b.to(tl.int64) * stride_eb + h * stride_eh + rows.to(tl.int64) * stride_et
             contiguous = tl.min(tl.load(ext + 2, mask=row_on, other=1), 0) != 0
             mine = contiguous != TILE_MASK
+            if not TILE_MASK:
+                if contiguous == 0:
+                    tl.store(WORK + tl.atomic_add(COUNTERS, 1, sem="relaxed"), pid_m * num_bh + bh)
         if mine:
             q_ptrs = Q + b.to(tl.int64) * stride_qb + h[:, None] * stride_qh + rows[:, None].to(tl.int64) * stride_qt \
                 + offs_d[None, :]
@@ -310,6 +361,7 @@ PACKED_SWEEP_CONFIGS = ((64, 64, 8, 3, 2), (64, 64, 8, 4, 2), (64, 128, 8, 2, 2)
                         (32, 64, 4, 2, 2), (32, 64, 8, 2, 4))  # 2 stages: two programs' shared memory fit an SM
 
 _SMEM_LIMIT = 227 * 1024
+_MASK_PASS_PROGRAMS_INTERPRETED = 3  # the mask-tile pass's grid under the interpreter (2 per SM on a GPU)
 
 # Under the interpreter one small config keeps CPU tests fast.
 _INTERPRET_META = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
@@ -424,8 +476,18 @@ def launch_prefill(
     tma = bool(cfg.pop("TMA", False)) and kv_tma_ok(k, v, dims, block_d)
     heads_first = bool(cfg.pop("HEADS_FIRST", False))
     k_arg, v_arg = kv_descriptors(k, v, dims.head_dim, cfg["BLOCK_N"]) if tma else (k, v)
+    asked = int(cfg.get("H_PACK", 1))
+    cfg["H_PACK"] = head_pack(cfg, dims, explicit=config is not None and "H_PACK" in config)
+    cfg["BLOCK_M"] *= asked // cfg["H_PACK"]  # a default packing the heads do not allow: taller tiles, same rows
+    num_m, num_bh = triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads // cfg["H_PACK"]
+    if amask is not None:  # the extents pass lists the tiles it leaves to the mask-tile pass
+        work = torch.empty(num_m * num_bh, dtype=torch.int32, device=q.device)
+        counters = arrival_counters(2, q.device)
+    else:
+        work = counters = order  # unused
     args = (
         q, k_arg, v_arg, out, order, count, amask if amask is not None else order, ext if ext is not None else order,
+        work, counters,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -433,18 +495,15 @@ def launch_prefill(
         *(amask.stride() if amask is not None else (0, 0, 0, 0)),
         *(ext.stride()[:3] if ext is not None else (0, 0, 0)),
         dims.num_q_heads, dims.num_groups, dims.q_len, dims.kv_len, dims.q_per_kv, dims.heads_per_group,
-        dims.scale * _LOG2E,
+        dims.scale * _LOG2E, num_m, num_bh,
     )
     meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "HAS_AMASK": amask is not None,
             "INPUT_PRECISION": precision, "USE_TMA": tma, "HEADS_FIRST": heads_first}
-    asked = int(cfg.get("H_PACK", 1))
-    cfg["H_PACK"] = head_pack(cfg, dims, explicit=config is not None and "H_PACK" in config)
-    cfg["BLOCK_M"] *= asked // cfg["H_PACK"]  # a default packing the heads do not allow: taller tiles, same rows
-    grid = (triton.cdiv(dims.q_len, cfg["BLOCK_M"]), dims.batch * dims.num_q_heads // cfg["H_PACK"])
-    grid = grid[::-1] if heads_first else grid
+    grid = (num_bh, num_m) if heads_first else (num_m, num_bh)
     _prefill_kernel[grid](*args, **meta, TILE_MASK=False, **cfg)
-    if amask is not None:  # tiles with a row that is not one contiguous key range (its programs exit at once otherwise)
-        _prefill_kernel[grid](*args, **meta, TILE_MASK=True, **cfg)
+    if amask is not None:  # the listed tiles (none for causal or padding masks: every program exits at once)
+        programs = min(num_m * num_bh, _MASK_PASS_PROGRAMS_INTERPRETED if interpreting() else 2 * sm_count(q.device))
+        _prefill_kernel[(programs,)](*args, **meta, TILE_MASK=True, **cfg)
 
 
 def group_attention_prefill(

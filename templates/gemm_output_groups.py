@@ -150,13 +150,17 @@ def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: i
     From 512 tokens the weight tiles come through TMA (query projection, µs, pointer loads -> TMA: 1024 tokens 61.6 ->
     47.9 with 3 stages, 4096 117.1 -> 108.2, 16384 509.1 -> 463.9). Below 512 tokens the output tile is the widest of
     128 / 64 / 32 columns that still gives one program per SM over ``num_groups`` groups (64 tokens, 8 groups of 512:
-    32 programs of 128 columns took 25.5 µs, 128 programs of 32 columns 21.8 µs).
+    32 programs of 128 columns took 25.5 µs, 128 programs of 32 columns 21.8 µs). From 2048 to 8191 tokens the
+    128 x 256 tiles run 4 TMA stages: query projection at 4096 tokens 135.6 -> 118.6 µs, lower in each of 5
+    interleaved rounds (``kernels_linear_sweep_query_tiles.json``; 16384 tokens keep 3: 460.2 µs with 3 and 474.1 with
+    4 in two device calls, ``kernels_linear_sweep_active_first.json`` and ``kernels_linear_sweep_query_tiles_16k.json``).
     """
     block_n = min(128, max(16, next_pow2(group_size)))
     if interpreting():
         return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
     if num_tokens >= 2048 and group_size >= 256:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, TAIL_SPLIT=2)
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=4 if num_tokens < 8192 else 3,
+                    TMA=True, TAIL_SPLIT=2)
     if num_tokens >= 512:
         return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True, TAIL_SPLIT=2)
     token_tiles = cdiv(num_tokens, 64)

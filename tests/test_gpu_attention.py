@@ -144,6 +144,25 @@ def test_static_cache_boolean_mask(batch, q_len, slots, start, mask_kind):
     _check(out, group_attention_reference(q, k, v, mask, causal=False, attn_mask=amask), mask, torch.bfloat16)
 
 
+@pytest.mark.parametrize("q_len, slots, holes", [(1000, 1088, "some_rows"), (2048, 2112, "every_row")])
+def test_mask_tile_pass_takes_the_listed_tiles(q_len, slots, holes):
+    """A mask whose rows are not one contiguous key range (keys hidden inside the causal band): the extents pass lists
+    those tiles and the mask-tile pass's small grid takes them. Three calls in a row, the last with a plain static-cache
+    mask: the list's counters must be back at zero after each call."""
+    q, k, v, mask = _inputs(1, q_len, slots, torch.bfloat16, "random", seed=q_len + 11)
+    plain = _static_cache_mask(1, q_len, slots, 0)
+    gen = torch.Generator(device="cuda").manual_seed(q_len)
+    hidden = torch.rand(1, 1, q_len, slots, device="cuda", generator=gen) < 0.2
+    if holes == "some_rows":
+        hidden &= (torch.arange(q_len, device="cuda") % 7 == 3)[None, None, :, None]
+    hidden[..., 0] = False  # every row keeps key 0
+    holey = plain & ~hidden
+    for amask in (holey, holey, plain):
+        out = torch.full_like(q, float("nan"))
+        group_attention(q, k, v, mask, causal=False, out=out, attn_mask=amask)
+        _check(out, group_attention_reference(q, k, v, mask, causal=False, attn_mask=amask), mask, torch.bfloat16)
+
+
 @pytest.mark.parametrize("cfg", [(64, 64, 8, 3, 2), (32, 64, 8, 3, 4), (32, 64, 4, 3, 2), (64, 128, 8, 2, 2),
                                  (128, 64, 8, 3, 2)])
 @pytest.mark.parametrize("q_len, slots, mask_kind", [(4096, 4160, "random"), (1000, 1088, "all"), (999, 999, "none")])

@@ -32,9 +32,11 @@ out = {}
 
 def prefill(name, tma, warps, pack, causal=False, tile=False, stages=3):
     kv = "tensordesc<bf16[64, 128]>" if tma else bf
-    ptrs = {"Q": bf, "K": kv, "V": kv, "O": bf, "ORDER": "*i32", "COUNT": "*i32", "AMASK": "*u8", "EXT": "*i32"}
+    ptrs = {"Q": bf, "K": kv, "V": kv, "O": bf, "ORDER": "*i32", "COUNT": "*i32", "AMASK": "*u8", "EXT": "*i32",
+            "WORK": "*i32", "COUNTERS": "*i32"}
     consts = dict(HEAD_DIM=128, BLOCK_D=128, IS_CAUSAL=causal, HAS_AMASK=not causal, TILE_MASK=tile,
-                  INPUT_PRECISION="tf32", BLOCK_M=32, BLOCK_N=64, H_PACK=pack, USE_TMA=tma)
+                  INPUT_PRECISION="tf32", BLOCK_M=32, BLOCK_N=64, H_PACK=pack, USE_TMA=tma,
+                  HEADS_FIRST=tma)
     out[name] = kernel_stats(compile_sm90(_prefill_kernel, ptrs, consts, ("qk_scale",), warps, stages))
 
 
@@ -49,17 +51,17 @@ out["decode"] = kernel_stats(compile_sm90(
     dict(Q_PER_KV=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, IS_CAUSAL=False, HAS_AMASK=True, DIRECT_OUT=False,
          INPUT_PRECISION="tf32", BLOCK_N=64, USE_GDC=False), ("qk_scale",), 4, 2))
 gemm = dict(BLOCK_M=128, BLOCK_K=64, EVEN_K=True, EVEN_N=True, GROUP_N=8, UPCAST=False, DOT_PRECISION="tf32",
-            USE_TMA=True, WARP_SPECIALIZE=False, TAIL_SPLIT=2)
+            USE_TMA=True, WARP_SPECIALIZE=False, TAIL_SPLIT=2, ACTIVE_FIRST=0)
 out["gated_up_tma"] = kernel_stats(compile_sm90(
     _gated_up_gemm_kernel,
     {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
      "wg_desc": "tensordesc<bf16[128, 64]>", "wu_desc": "tensordesc<bf16[128, 64]>"},
-    dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128), (), 8, 4))
+    dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128, ACTIVE_FIRST=128), (), 8, 4))
 query = {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
          "w_desc": "tensordesc<bf16[256, 64]>", "cos_ptr": bf, "sin_ptr": bf}
 for name, rotary_dim in (("query_tma", 0), ("query_tma_rotary", 128)):
     out[name] = kernel_stats(compile_sm90(_output_groups_gemm_kernel, query, dict(
-        gemm, GROUP_SIZE=512, TILES_PER_GROUP=2, HAS_BIAS=False, ROTARY_DIM=rotary_dim, BLOCK_N=256), (), 8, 3))
+        gemm, GROUP_SIZE=512, TILES_PER_GROUP=2, HAS_BIAS=False, ROTARY_DIM=rotary_dim, BLOCK_N=256), (), 8, 4))
 print("RESULT " + json.dumps(out))
 '''
 

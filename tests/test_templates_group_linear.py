@@ -266,6 +266,8 @@ def test_output_group_gemm_default_fills_the_gpu_below_512_tokens(k, monkeypatch
     assert gemm.default_config(256, 128, num_groups=112, sms=132)["BLOCK_N"] == 128
     assert gemm.default_config(1024, 512, num_groups=8)["TMA"] and gemm.default_config(1024, 512, 8)["BLOCK_N"] == 128
     assert gemm.default_config(4096, 512, num_groups=8)["BLOCK_N"] == 256
+    assert gemm.default_config(4096, 512, num_groups=8)["num_stages"] == 4  # 135.6 -> 118.6 µs on the H200
+    assert gemm.default_config(16384, 512, num_groups=8)["num_stages"] == 3
 
 
 def test_batch_dims_noncontiguous_and_int_mask(k):
