@@ -12,8 +12,10 @@ random head-group masks), checks each against the default's output, and writes
 ``<out_dir>/kernels_attention_prefill_static.json`` (``--name``: another file name).
 
 Usage: ``python benchmarks/kernels_attention_prefill_static.py [--out-dir DIR] [--lengths 1024,4096,16384] [--tma]
-[--heads-first] [--default-only]`` (``--tma``: every configuration also with K / V blocks loaded as TMA boxes;
-``--heads-first``: also with the grid's heads dimension first, ``HEADS_FIRST``.)
+[--heads-first] [--active-first] [--skip-mask-pass] [--default-only]`` (``--tma``: every configuration also with K /
+V blocks loaded as TMA boxes; ``--heads-first``: also with the grid's heads dimension first, ``HEADS_FIRST``;
+``--active-first``: also with the zero-only tiles last, ``ACTIVE_FIRST``; ``--skip-mask-pass``: also without the
+explicit mask's second launch, a timing probe.)
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def main() -> None:
                         "boxes (config TMA=True)")
     parser.add_argument("--heads-first", action="store_true", help="also time every configuration with the grid's "
                         "heads dimension first (config HEADS_FIRST=True: longest tiles first over all heads)")
+    parser.add_argument("--active-first", action="store_true", help="also time every configuration with the tiles "
+                        "past every group's count (zeros only) launched last (config ACTIVE_FIRST=True)")
     parser.add_argument("--skip-mask-pass", action="store_true", help="timing probe: also time each configuration "
                         "without the explicit mask's second launch (the mask-tile pass; its programs all exit on this "
                         "causal mask), to price that launch")
@@ -105,6 +109,8 @@ def main() -> None:
             configs += [{**cfg, "TMA": True} for cfg in configs]
         if args.heads_first:
             configs += [{**cfg, "HEADS_FIRST": True} for cfg in configs]
+        if args.active_first:
+            configs += [{**cfg, "ACTIVE_FIRST": True} for cfg in configs]
         if args.skip_mask_pass:
             configs += [{**cfg, "SKIP_MASK_PASS": True} for cfg in configs]
 

@@ -170,6 +170,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer token counts (racecheck is slow)")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (a check of this "
                         "script, in float16)")
+    parser.add_argument("--only", choices=("linear", "router", "attention", "shared"), default=None,
+                        help="one family of cases (a shorter sanitizer run after a change to one template)")
     args = parser.parse_args()
     global DT, DEVICE
     DEVICE = args.device
@@ -180,8 +182,9 @@ def main() -> int:
         return 2
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     tokens_list = (1, 70) if args.quick else (1, 5, 16, 70, 300)
-    results = (linear_cases(gen, tokens_list) + router_cases(gen, tokens_list) + attention_cases(gen)
-               + shared_order_cases(gen))
+    families = {"linear": lambda: linear_cases(gen, tokens_list), "router": lambda: router_cases(gen, tokens_list),
+                "attention": lambda: attention_cases(gen), "shared": lambda: shared_order_cases(gen)}
+    results = [ok for name, run in families.items() if args.only in (None, name) for ok in run()]
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     print(f"{sum(results)} of {len(results)} results correct", flush=True)

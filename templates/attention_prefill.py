@@ -184,10 +184,10 @@ def _prefill_kernel(
     stride_ob, stride_oh, stride_ot,
     stride_ab, stride_ah, stride_at, stride_as,
     stride_eb, stride_eh, stride_et,
-    num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_m, num_bh,
+    num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_m, num_bh, num_counts,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
     TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    H_PACK: tl.constexpr, USE_TMA: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    H_PACK: tl.constexpr, USE_TMA: tl.constexpr, HEADS_FIRST: tl.constexpr, ACTIVE_FIRST: tl.constexpr,
 ):
     if TILE_MASK:
         # The tiles the extents pass listed (a row that is not one contiguous key range), shared by a small grid;
@@ -208,11 +208,17 @@ def _prefill_kernel(
             tl.atomic_xchg(COUNTERS + 1, 0)
     else:
         if HEADS_FIRST:  # grid (heads, tiles): every head's tile of the largest positions first (longest overall first)
-            pid_m = num_m - 1 - tl.program_id(1)
+            j = tl.program_id(1)
             bh = tl.program_id(0)
         else:  # grid (tiles, heads): largest positions first within each head
-            pid_m = num_m - 1 - tl.program_id(0)
+            j = tl.program_id(0)
             bh = tl.program_id(1)
+        if ACTIVE_FIRST:  # (a power of two >= B * groups) the tiles past every group's count (zeros only) come last
+            offs_c = tl.arange(0, ACTIVE_FIRST)
+            m_act = tl.cdiv(tl.max(tl.load(COUNT + offs_c, mask=offs_c < num_counts, other=0), 0), BLOCK_M)
+            pid_m = tl.where(j < m_act, m_act - 1 - j, j)
+        else:
+            pid_m = num_m - 1 - j
         _prefill_tile(
             pid_m, bh, Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS,
             stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
@@ -450,6 +456,7 @@ def launch_prefill(
     ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, optional ``H_PACK``, ``TMA`` and
     ``HEADS_FIRST``) overrides :func:`prefill_config`; ``TMA``: K / V blocks as TMA boxes where :func:`kv_tma_ok`
     allows (else pointer loads); ``HEADS_FIRST``: the grid is (heads, tiles) instead of (tiles, heads);
+    ``ACTIVE_FIRST``: the tiles past every group's active count (zeros only) run after the others, not before;
     ``attn_mask``: the checked boolean mask (see ``attention_checks.expand_attn_mask``); ``attn_mask_extents``: its
     row extents if already computed (``attention_mask_extents.attn_mask_extents``), else they are computed here;
     ``row_order``: ``(order, count)`` of ``head_mask`` if already computed (``wide::group_rows``), else computed here.
@@ -475,6 +482,7 @@ def launch_prefill(
     cfg = dict(config or prefill_config(dims.q_len, dims.kv_len, dims.head_dim, q.element_size(), amask is not None))
     tma = bool(cfg.pop("TMA", False)) and kv_tma_ok(k, v, dims, block_d)
     heads_first = bool(cfg.pop("HEADS_FIRST", False))
+    active_first = triton.next_power_of_2(dims.batch * dims.num_groups) if cfg.pop("ACTIVE_FIRST", False) else 0
     k_arg, v_arg = kv_descriptors(k, v, dims.head_dim, cfg["BLOCK_N"]) if tma else (k, v)
     asked = int(cfg.get("H_PACK", 1))
     cfg["H_PACK"] = head_pack(cfg, dims, explicit=config is not None and "H_PACK" in config)
@@ -495,10 +503,10 @@ def launch_prefill(
         *(amask.stride() if amask is not None else (0, 0, 0, 0)),
         *(ext.stride()[:3] if ext is not None else (0, 0, 0)),
         dims.num_q_heads, dims.num_groups, dims.q_len, dims.kv_len, dims.q_per_kv, dims.heads_per_group,
-        dims.scale * _LOG2E, num_m, num_bh,
+        dims.scale * _LOG2E, num_m, num_bh, dims.batch * dims.num_groups,
     )
     meta = {"HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "IS_CAUSAL": causal, "HAS_AMASK": amask is not None,
-            "INPUT_PRECISION": precision, "USE_TMA": tma, "HEADS_FIRST": heads_first}
+            "INPUT_PRECISION": precision, "USE_TMA": tma, "HEADS_FIRST": heads_first, "ACTIVE_FIRST": active_first}
     grid = (num_bh, num_m) if heads_first else (num_m, num_bh)
     _prefill_kernel[grid](*args, **meta, TILE_MASK=False, **cfg)
     if amask is not None:  # the listed tiles (none for causal or padding masks: every program exits at once)

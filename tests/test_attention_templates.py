@@ -479,7 +479,7 @@ def test_prefill_with_packed_query_heads(batch, hq, hkv, groups, q_len, kv_len, 
                                          amask_kind, pack):
     """``H_PACK`` query heads of one group (and one KV head) in one tile: they share the active rows and each K/V
     block; causal and explicit masks (per-head masks too), both passes of the explicit-mask kernel; both grid orders
-    (``HEADS_FIRST``)."""
+    (``HEADS_FIRST``) and zero-only tiles last (``ACTIVE_FIRST``)."""
     from wide_compile.templates.attention_checks import check_attention_inputs
 
     gen = torch.Generator().manual_seed(q_len * 7 + pack)
@@ -489,9 +489,11 @@ def test_prefill_with_packed_query_heads(batch, hq, hkv, groups, q_len, kv_len, 
     causal = amask is None
     dims = check_attention_inputs(q, k, v, head_mask, causal, None, amask, None)
     ref = group_attention_reference(q, k, v, head_mask, causal=causal, attn_mask=amask)
-    for heads_first in (False, True):  # grid (tiles, heads) or (heads, tiles): the same tiles in another order
+    for heads_first, active_first in ((False, False), (True, False), (True, True), (False, True)):
+        # grid (tiles, heads) or (heads, tiles), zero-only tiles first or last: the same tiles in another order
         out = poisoned(batch, hq, q_len, head_dim, dtype)
-        cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "H_PACK": pack, "HEADS_FIRST": heads_first}
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "H_PACK": pack,
+               "HEADS_FIRST": heads_first, "ACTIVE_FIRST": active_first}
         attention_prefill.launch_prefill(q, k, v, head_mask, out, dims, causal, cfg, attn_mask=amask)
         assert_matches(out, ref, head_mask, dtype)
 

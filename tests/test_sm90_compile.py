@@ -36,7 +36,7 @@ def prefill(name, tma, warps, pack, causal=False, tile=False, stages=3):
             "WORK": "*i32", "COUNTERS": "*i32"}
     consts = dict(HEAD_DIM=128, BLOCK_D=128, IS_CAUSAL=causal, HAS_AMASK=not causal, TILE_MASK=tile,
                   INPUT_PRECISION="tf32", BLOCK_M=32, BLOCK_N=64, H_PACK=pack, USE_TMA=tma,
-                  HEADS_FIRST=tma)
+                  HEADS_FIRST=tma, ACTIVE_FIRST=8 if tma else 0)
     out[name] = kernel_stats(compile_sm90(_prefill_kernel, ptrs, consts, ("qk_scale",), warps, stages))
 
 
