@@ -428,7 +428,7 @@ def test_prefill_launch_config_follows_the_prompt_with_an_explicit_mask(monkeypa
     prefill = sys.modules["wide_compile.templates.attention_prefill"]
     monkeypatch.setattr(prefill, "interpreting", lambda: False)
     small = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "H_PACK": 2, "TMA": True,
-             "HEADS_FIRST": True}
+             "HEADS_FIRST": True, "ACTIVE_FIRST": True}
     assert prefill.prefill_config(4096, 4160, 128, 2, masked=True) == small
     assert prefill.prefill_config(4096, 4160, 128, 2)["num_warps"] == 8
     assert prefill.prefill_config(16384, 16448, 128, 2, masked=True)["H_PACK"] == 4
