@@ -193,19 +193,19 @@ def _prefill_kernel(
     TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     H_PACK: tl.constexpr, USE_TMA: tl.constexpr, HEADS_FIRST: tl.constexpr, ACTIVE_FIRST: tl.constexpr,
 ):
+    tensors = (Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS)
+    strides = (stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+               stride_ob, stride_oh, stride_ot, stride_ab, stride_ah, stride_at, stride_as, stride_eb, stride_eh,
+               stride_et)
+    sizes = (num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_bh)
     if TILE_MASK:
         # The tiles the extents pass listed (a row that is not one contiguous key range), shared by a small grid;
         # the last program to finish resets the list's counters to 0 (``arrival_counters``' contract).
         listed = tl.load(COUNTERS)
         for i in range(tl.program_id(0), listed, tl.num_programs(0)):
             tile = tl.load(WORK + i)
-            _prefill_tile(
-                tile // num_bh, tile % num_bh, Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS,
-                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                stride_ob, stride_oh, stride_ot, stride_ab, stride_ah, stride_at, stride_as, stride_eb, stride_eh,
-                stride_et, num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_bh,
-                HEAD_DIM, BLOCK_D, IS_CAUSAL, HAS_AMASK, True, INPUT_PRECISION, BLOCK_M, BLOCK_N, H_PACK, USE_TMA,
-            )
+            _prefill_tile(tile // num_bh, tile % num_bh, tensors, strides, sizes, HEAD_DIM, BLOCK_D, IS_CAUSAL,
+                          HAS_AMASK, True, INPUT_PRECISION, BLOCK_M, BLOCK_N, H_PACK, USE_TMA)
         finished = tl.atomic_add(COUNTERS + 1, 1, sem="acq_rel")
         if finished == tl.num_programs(0) - 1:
             tl.atomic_xchg(COUNTERS, 0)
@@ -223,30 +223,24 @@ def _prefill_kernel(
             pid_m = tl.where(j < m_act, m_act - 1 - j, j)
         else:
             pid_m = num_m - 1 - j
-        _prefill_tile(
-            pid_m, bh, Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS,
-            stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-            stride_ob, stride_oh, stride_ot, stride_ab, stride_ah, stride_at, stride_as, stride_eb, stride_eh,
-            stride_et, num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_bh,
-            HEAD_DIM, BLOCK_D, IS_CAUSAL, HAS_AMASK, False, INPUT_PRECISION, BLOCK_M, BLOCK_N, H_PACK, USE_TMA,
-        )
+        _prefill_tile(pid_m, bh, tensors, strides, sizes, HEAD_DIM, BLOCK_D, IS_CAUSAL, HAS_AMASK, False,
+                      INPUT_PRECISION, BLOCK_M, BLOCK_N, H_PACK, USE_TMA)
 
 
 @triton.jit
 def _prefill_tile(
-    pid_m, bh, Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS,
-    stride_qb, stride_qh, stride_qt,
-    stride_kb, stride_kh, stride_ks,
-    stride_vb, stride_vh, stride_vs,
-    stride_ob, stride_oh, stride_ot,
-    stride_ab, stride_ah, stride_at, stride_as,
-    stride_eb, stride_eh, stride_et,
-    num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_bh,
+    pid_m, bh, tensors, strides, sizes,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr,
     TILE_MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     H_PACK: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """One (tile of compacted rows, packed heads) of the kernel; see the module docstring."""
+    """One (tile of compacted rows, packed heads) of the kernel (the kernel's arguments as three tuples); see the
+    module docstring."""
+    Q, K, V, O, ORDER, COUNT, AMASK, EXT, WORK, COUNTERS = tensors
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, \
+        stride_ob, stride_oh, stride_ot, stride_ab, stride_ah, stride_at, stride_as, stride_eb, stride_eh, \
+        stride_et = strides
+    num_q_heads, num_groups, q_len, kv_len, q_per_kv, heads_per_group, qk_scale, num_bh = sizes
     b = bh // (num_q_heads // H_PACK)
     h0 = (bh % (num_q_heads // H_PACK)) * H_PACK  # the first of the H_PACK query heads packed into this tile
     g = h0 // heads_per_group
