@@ -70,6 +70,13 @@ if HAS_TRITON:
         return local // size_n, first_n + local % size_n
 
     @triton.jit
+    def tiles_below_largest_count(counts_ptr, num_counts, BLOCK: tl.constexpr, COUNTS_P2: tl.constexpr):
+        """``cdiv(max(counts[:num_counts]), BLOCK)``: the tiles of ``BLOCK`` list positions that hold an active row in
+        some group (``COUNTS_P2``: a power of two >= ``num_counts``). Past them every tile is zero-only."""
+        offs = tl.arange(0, COUNTS_P2)
+        return tl.cdiv(tl.max(tl.load(counts_ptr + offs, mask=offs < num_counts, other=0), 0), BLOCK)
+
+    @triton.jit
     def output_group_tile(M, N, tokens_ptr, counts_ptr, GROUP_SIZE: tl.constexpr, TILES_PER_GROUP: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
                           ACTIVE_FIRST: tl.constexpr = 0):
@@ -84,9 +91,7 @@ if HAS_TRITON:
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = (N // GROUP_SIZE) * TILES_PER_GROUP
         if ACTIVE_FIRST:
-            offs_g = tl.arange(0, ACTIVE_FIRST)
-            largest = tl.max(tl.load(counts_ptr + offs_g, mask=offs_g < N // GROUP_SIZE, other=0), 0)
-            m_act = tl.cdiv(largest, BLOCK_M)
+            m_act = tiles_below_largest_count(counts_ptr, N // GROUP_SIZE, BLOCK_M, ACTIVE_FIRST)
             pid = tl.program_id(0)
             if pid < m_act * num_n:
                 pid_m, pid_n = swizzle_n_major(pid, m_act, num_n, GROUP_N)

@@ -55,7 +55,7 @@ from .attention_compact import check_row_order, compact_active_rows
 from .attention_mask_extents import attn_mask_extents as attn_mask_extents_of
 from .attention_mask_extents import check_attn_mask_extents
 from .arrival_counters import arrival_counters
-from ._triton_utils import sm_count
+from ._triton_utils import sm_count, tiles_below_largest_count
 
 __all__ = ["group_attention_prefill"]
 
@@ -218,8 +218,7 @@ def _prefill_kernel(
             j = tl.program_id(0)
             bh = tl.program_id(1)
         if ACTIVE_FIRST:  # (a power of two >= B * groups) the tiles past every group's count (zeros only) come last
-            offs_c = tl.arange(0, ACTIVE_FIRST)
-            m_act = tl.cdiv(tl.max(tl.load(COUNT + offs_c, mask=offs_c < num_counts, other=0), 0), BLOCK_M)
+            m_act = tiles_below_largest_count(COUNT, num_counts, BLOCK_M, ACTIVE_FIRST)
             pid_m = tl.where(j < m_act, m_act - 1 - j, j)
         else:
             pid_m = num_m - 1 - j
