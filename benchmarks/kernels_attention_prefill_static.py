@@ -91,7 +91,7 @@ def main() -> None:
                         "without the explicit mask's second launch (the mask-tile pass; its programs all exit on this "
                         "causal mask), to price that launch")
     parser.add_argument("--default-only", action="store_true", help="time only the default configuration (and its "
-                        "--tma / --heads-first variants)")
+                        "--tma / --heads-first / --active-first / --skip-mask-pass variants)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []

@@ -406,18 +406,19 @@ def active_first_sweeps(ms: tuple = (4096, 16384, 1024)) -> list:
 
 def query_tile_sweeps(ms: tuple = (4096,)) -> list:
     """The query projection's output-group GEMM (8 groups of 512) at its default tile for many tokens (128 x 256,
-    8 warps, 3 TMA stages, half-height tails) against deeper pipelines, other tile shapes and program orders
+    8 warps, TMA, half-height tails) with 3 and 4 pipeline stages, against other tile shapes and program orders
     (``kernels_linear_sweep_query_tiles.json``)."""
     from wide_compile.templates.gemm_output_groups import default_config as q_default
 
     q_gs = OPS["q_proj"]["gs"]
-    configs = []
+    sweeps = []
     for m in ms:
         base = q_default(m, q_gs, OPS["q_proj"]["N"] // q_gs)
-        configs.append((m, [base, dict(base, num_stages=4), dict(base, BLOCK_N=128), dict(base, BLOCK_N=128, num_stages=4),
-                            dict(base, BLOCK_M=256, BLOCK_N=128), dict(base, GROUP_N=4), dict(base, GROUP_N=16),
-                            dict(base, TAIL_SPLIT=4)]))
-    return [("q_proj", m, "rand50", cfgs) for m, cfgs in configs]
+        sweeps.append(("q_proj", m, "rand50", [
+            dict(base, num_stages=3), dict(base, num_stages=4), dict(base, BLOCK_N=128, num_stages=3),
+            dict(base, BLOCK_N=128, num_stages=4), dict(base, BLOCK_M=256, BLOCK_N=128), dict(base, GROUP_N=4),
+            dict(base, GROUP_N=16), dict(base, TAIL_SPLIT=4)]))
+    return sweeps
 
 
 def moderate_tile_sweeps() -> list:
@@ -590,21 +591,19 @@ def main() -> None:
     meta["ceilings"] = ceilings()
     print("ceilings", meta["ceilings"], flush=True)
     result = dict(meta=meta)
+    def with_ms(make):  # the sweep at --ms's token counts, or at its own default ones
+        return lambda: make(tuple(int(v) for v in args.ms.split(","))) if args.ms else make()
+
     sweeps = {"sweep_decode": (decode_sweeps, "kernels_linear_sweep.json"),
               "sweep_tma": (lambda: tma_sweeps(tuple(int(v) for v in args.ms.split(",")), wide=False) if args.ms
                             else tma_sweeps(), "kernels_linear_sweep_tma.json"),
-              "sweep_gate_up_tiles": (lambda: gate_up_tile_sweeps(tuple(int(v) for v in args.ms.split(","))
-                                                          if args.ms else (4096,)),
-                                      "kernels_linear_sweep_gate_up_tiles.json"),
+              "sweep_gate_up_tiles": (with_ms(gate_up_tile_sweeps), "kernels_linear_sweep_gate_up_tiles.json"),
               "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
               "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
               "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
-              "sweep_half_tail": (lambda: half_tail_sweeps(tuple(int(v) for v in args.ms.split(",")))
-                                  if args.ms else half_tail_sweeps(), "kernels_linear_sweep_half_tail.json"),
-              "sweep_active_first": (lambda: active_first_sweeps(tuple(int(v) for v in args.ms.split(",")))
-                                     if args.ms else active_first_sweeps(), "kernels_linear_sweep_active_first.json"),
-              "sweep_query_tiles": (lambda: query_tile_sweeps(tuple(int(v) for v in args.ms.split(",")))
-                                    if args.ms else query_tile_sweeps(), "kernels_linear_sweep_query_tiles.json"),
+              "sweep_half_tail": (with_ms(half_tail_sweeps), "kernels_linear_sweep_half_tail.json"),
+              "sweep_active_first": (with_ms(active_first_sweeps), "kernels_linear_sweep_active_first.json"),
+              "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:
