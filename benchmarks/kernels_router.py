@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -145,29 +146,36 @@ def small_configs(hidden: int, m: int) -> list[dict]:
 
 
 def sweep_configs(gen: torch.Generator, path: str, meta: dict, shapes: tuple = PREFILL_SHAPES,
-                  configs=prefill_configs) -> list[dict]:
+                  configs=prefill_configs, rounds: int = 1) -> list[dict]:
     """The fused kernel at each ``(H, G, M)`` of ``shapes`` under each of ``configs(H, M)`` (token tile, K step,
-    warps, SPLIT: 0 = automatic), against its default. Rows are written to ``path`` after every shape.
-    ``--sweep-prefill``: the prefill shapes of Llama-3-8B (H = 4096) and SmolLM2-135M (H = 576); ``--sweep-small``:
-    8-1024 tokens, where a router decision is a chain of a few dependent memory round trips."""
+    warps, SPLIT: 0 = automatic), against its default; with ``rounds`` > 1 the default and every configuration are
+    timed in interleaved rounds (A B C A B C ...) and the medians reported. Rows are written to ``path`` after every
+    shape. ``--sweep-prefill``: the prefill shapes of Llama-3-8B (H = 4096) and SmolLM2-135M (H = 576);
+    ``--sweep-small``: 8-1024 tokens, where a router decision is a chain of a few dependent memory round trips."""
     rows = []
     for hidden, groups, m in shapes:
         xs, ws = operands(m, hidden, groups, gen)
         ref = router_mask_reference(xs[0], *ws[0])
-        default = bench_graph([lambda x=x, w=w: router_mask(x, *w) for x, w in zip(xs, ws)])
-        for cfg in configs(hidden, m):
-            try:
-                us = bench_graph([lambda x=x, w=w: router_mask(x, *w, config=cfg) for x, w in zip(xs, ws)])
-                differ = (router_mask(xs[0], *ws[0], config=cfg) != ref).float().mean().item()
-            except Exception as e:  # a configuration that does not compile / fit: report, go on
-                us, differ = float("nan"), float("nan")
-                print(f"  config {cfg} failed: {type(e).__name__}: {str(e)[:100]}", flush=True)
-            rows.append({"M": m, "H": hidden, "G": groups, **cfg, "fused_us": us, "default_us": default,
-                         "differ": differ})
+        cfgs = [None, *configs(hidden, m)]
+        samples, differ = [[] for _ in cfgs], [float("nan")] * len(cfgs)
+        for _ in range(rounds):
+            for i, cfg in enumerate(cfgs):
+                try:
+                    samples[i].append(bench_graph([lambda x=x, w=w: router_mask(x, *w, config=cfg)
+                                                   for x, w in zip(xs, ws)]))
+                    differ[i] = (router_mask(xs[0], *ws[0], config=cfg) != ref).float().mean().item()
+                except Exception as e:  # a configuration that does not compile / fit: report, go on
+                    samples[i].append(float("nan"))
+                    print(f"  config {cfg} failed: {type(e).__name__}: {str(e)[:100]}", flush=True)
+        default = statistics.median(samples[0])
+        for cfg, times, diff in zip(cfgs[1:], samples[1:], differ[1:]):
+            rows.append({"M": m, "H": hidden, "G": groups, **cfg, "fused_us": statistics.median(times),
+                         "default_us": default, "differ": diff, **({"rounds_us": times} if rounds > 1 else {})})
         shape_rows = [r for r in rows
                       if (r["M"], r["H"], r["G"]) == (m, hidden, groups) and r["fused_us"] == r["fused_us"]]
         for r in sorted(shape_rows, key=lambda r: r["fused_us"])[:4]:
-            config = {k: v for k, v in r.items() if k not in ("M", "H", "G", "fused_us", "default_us", "differ")}
+            config = {k: v for k, v in r.items()
+                      if k not in ("M", "H", "G", "fused_us", "default_us", "differ", "rounds_us")}
             print(f"sweep H={hidden} G={groups} M={m}: default {default:.1f} us; {config}: {r['fused_us']:.1f} us "
                   f"(differ {r['differ']:.1e})", flush=True)
         with open(path, "w") as f:
@@ -203,10 +211,37 @@ def one_token(gen: torch.Generator, meta: dict, path: str) -> list[dict]:
     return rows
 
 
+TRANSPOSED_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 16384), (4096, 112, 1024), (4096, 112, 32),
+                     (576, 12, 4096), (576, 12, 1024), (576, 12, 32))
+
+
+def transposed_configs(hidden: int, m: int) -> list[dict]:
+    """``h`` as ``[W_hi; W_mid] @ x^T`` (``H_TRANSPOSED``, the split parts from registers) against the default form:
+    the default tiles with both forms, then the transposed form's token tile (its MMA's N), warps, stages; SPLIT
+    automatic. Below 129 tokens (1025 for H = 576) only the token tile changes (the default is 16 tokens)."""
+    both = [dict(H_TRANSPOSED=t) for t in (False, True)]
+    if m <= (1024 if hidden < 2048 else 128):
+        return both + [dict(H_TRANSPOSED=True, BLOCK_M=bm) for bm in (32, 64)]
+    return both + [dict(H_TRANSPOSED=True, BLOCK_M=bm, num_warps=w, num_stages=st)
+                   for bm in (64, 128, 256) for w in (4, 8) for st in (3, 4) if not (bm == 256 and w == 4)]
+
+
+LARGE_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 8192), (4096, 112, 16384), (4096, 8, 16384))
+
+
+def large_configs(hidden: int, m: int) -> list[dict]:
+    """The candidates of the two earlier sweeps at 4096+ tokens (``_sweep_tiles``: 128 x 128 K steps;
+    ``_sweep_transposed``: h transposed in 128-token tiles), for interleaved rounds against the default."""
+    return [dict(BLOCK_M=128, BLOCK_K=128, num_warps=8, num_stages=4), dict(BLOCK_M=64, BLOCK_K=128, num_stages=3),
+            dict(H_TRANSPOSED=True, BLOCK_M=128, num_warps=8, num_stages=4),
+            dict(H_TRANSPOSED=True, BLOCK_M=128, BLOCK_K=128, num_warps=8, num_stages=3)]
+
+
 # The "only this sweep" flags: argument name -> (shapes, configurations); results in kernels_router_<name>.json.
 SWEEPS = {"sweep_prefill": (PREFILL_SHAPES, prefill_configs), "sweep_small": (SMALL_SHAPES, small_configs),
           "sweep_tiles": (TILE_SHAPES, tile_configs), "sweep_epilogue": (EPILOGUE_SHAPES, epilogue_configs),
-          "sweep_parts": (EPILOGUE_SHAPES[:7], parts_configs)}
+          "sweep_parts": (EPILOGUE_SHAPES[:7], parts_configs),
+          "sweep_transposed": (TRANSPOSED_SHAPES, transposed_configs), "sweep_large": (LARGE_SHAPES, large_configs)}
 
 
 def main() -> None:
@@ -224,6 +259,12 @@ def main() -> None:
                         "parts at the prefill shapes (kernels_router_sweep_parts.json)")
     parser.add_argument("--sweep-tiles", action="store_true", help="only a sweep of token tile / K step / explicit "
                         "split / stages at 4096 tokens, H = 4096 (kernels_router_sweep_tiles.json)")
+    parser.add_argument("--sweep-transposed", action="store_true", help="only a sweep of h made transposed "
+                        "(H_TRANSPOSED: W_in's parts as the first operand) and its tiles "
+                        "(kernels_router_sweep_transposed.json)")
+    parser.add_argument("--sweep-large", action="store_true", help="only the best tiles of the earlier sweeps at "
+                        "4096-16384 tokens, H = 4096 (use with --rounds; kernels_router_sweep_large.json)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of a sweep (median reported)")
     parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
                         "one-token form (kernels_router_one_token.json)")
     args = parser.parse_args()
@@ -232,13 +273,14 @@ def main() -> None:
     only = next((name for name in (*SWEEPS, "one_token") if getattr(args, name)), None)
     flags = (" --" + only.replace("_", "-") if only else "") + (" --sweep-decode" if args.sweep_decode and not only
                                                                else "")
+    flags += f" --rounds {args.rounds}" if args.rounds > 1 else ""
     meta = {"command": f"python3 benchmarks/kernels_router.py --out {args.out}{flags}",
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     os.makedirs(args.out, exist_ok=True)
     if only in SWEEPS:
         shapes, configs = SWEEPS[only]
-        sweep_configs(gen, os.path.join(args.out, f"kernels_router_{only}.json"), meta, shapes, configs)
+        sweep_configs(gen, os.path.join(args.out, f"kernels_router_{only}.json"), meta, shapes, configs, args.rounds)
         return
     if only == "one_token":
         one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))

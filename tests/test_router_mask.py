@@ -169,7 +169,8 @@ def test_template_leading_dims_noncontiguous_and_determinism(rm):
 def test_auto_split_keeps_prefill_programs_long(rm, monkeypatch):
     """The GPU rules: SPLIT = 0 gives about 2 programs per SM; at prefill each keeps >= 16 K steps (H = 576 at 4096
     tokens: no split; H = 4096: 4 splits), at decode a split may be one step (H = 4096, BLOCK_K 128: 32 splits).
-    17-1024 tokens (17-128 for H >= 2048): 16-token tiles, split to about one program per SM."""
+    17-1024 tokens (17-128 for H >= 2048): 16-token tiles, split to about one program per SM; from 8192 tokens with
+    H >= 2048 K steps of 128."""
     monkeypatch.setattr(rm, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     assert rm._auto_split(64, 576, 64, cpu, min_steps=16) == 1
@@ -182,6 +183,9 @@ def test_auto_split_keeps_prefill_programs_long(rm, monkeypatch):
     assert rm.router_mask_config(128, 4096, 32, 112, cpu)["BLOCK_M"] == 16
     assert rm.router_mask_config(1024, 4096, 32, 112, cpu)["BLOCK_M"] == 64  # wide H: the previous default
     assert rm.router_mask_config(4096, 4096, 32, 112, cpu)["BLOCK_M"] == 64
+    # K steps of 128 from LARGE_TOKENS tokens with wide H only (H = 4096 at 4096 tokens and H = 576 keep 64)
+    assert [rm.router_mask_config(m, 4096, 32, 112, cpu)["BLOCK_K"] for m in (4096, 8192, 16384)] == [64, 128, 128]
+    assert rm.router_mask_config(16384, 576, 32, 12, cpu)["BLOCK_K"] == 64
 
 
 def test_template_falls_back_to_the_reference(rm, monkeypatch):
