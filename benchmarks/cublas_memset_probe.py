@@ -107,7 +107,8 @@ def main() -> None:
         for v, (graph, outs) in graphs.items():
             row = {"shape": name, "M": m, "K": k, "N": n, "variant": v, "rotations": rot,
                    "us_per_call": statistics.median(samples[v]), "rounds_us": samples[v],
-                   "max_abs_diff_vs_linear": (outs[0].float() - ref.float()).abs().max().item(), **profile_graph(graph, rot)}
+                   "max_abs_diff_vs_linear": (outs[0].float() - ref.float()).abs().max().item(),
+                   **profile_graph(graph, rot)}
             rows.append(row)
             print(f"{name:9s} {v:16s} {row['us_per_call']:8.1f} us  memsets/call {row['memsets_per_call']:.1f}  "
                   f"diff {row['max_abs_diff_vs_linear']:.2e}  kernels {list(row['kernels'])[:3]}", flush=True)

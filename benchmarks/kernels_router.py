@@ -211,37 +211,21 @@ def one_token(gen: torch.Generator, meta: dict, path: str) -> list[dict]:
     return rows
 
 
-TRANSPOSED_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 16384), (4096, 112, 1024), (4096, 112, 32),
-                     (576, 12, 4096), (576, 12, 1024), (576, 12, 32))
-
-
-def transposed_configs(hidden: int, m: int) -> list[dict]:
-    """``h`` as ``[W_hi; W_mid] @ x^T`` (``H_TRANSPOSED``, the split parts from registers) against the default form:
-    the default tiles with both forms, then the transposed form's token tile (its MMA's N), warps, stages; SPLIT
-    automatic. Below 129 tokens (1025 for H = 576) only the token tile changes (the default is 16 tokens)."""
-    both = [dict(H_TRANSPOSED=t) for t in (False, True)]
-    if m <= (1024 if hidden < 2048 else 128):
-        return both + [dict(H_TRANSPOSED=True, BLOCK_M=bm) for bm in (32, 64)]
-    return both + [dict(H_TRANSPOSED=True, BLOCK_M=bm, num_warps=w, num_stages=st)
-                   for bm in (64, 128, 256) for w in (4, 8) for st in (3, 4) if not (bm == 256 and w == 4)]
-
-
 LARGE_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 8192), (4096, 112, 16384), (4096, 8, 16384))
 
 
 def large_configs(hidden: int, m: int) -> list[dict]:
-    """The candidates of the two earlier sweeps at 4096+ tokens (``_sweep_tiles``: 128 x 128 K steps;
-    ``_sweep_transposed``: h transposed in 128-token tiles), for interleaved rounds against the default."""
-    return [dict(BLOCK_M=128, BLOCK_K=128, num_warps=8, num_stages=4), dict(BLOCK_M=64, BLOCK_K=128, num_stages=3),
-            dict(H_TRANSPOSED=True, BLOCK_M=128, num_warps=8, num_stages=4),
-            dict(H_TRANSPOSED=True, BLOCK_M=128, BLOCK_K=128, num_warps=8, num_stages=3)]
+    """The candidates of two earlier sweeps at 4096+ tokens (``_sweep_tiles``: K steps of 128; ``_sweep_transposed``,
+    commit ``680df27``: h made transposed, a form since removed), in interleaved rounds against the default. The
+    rows of ``kernels_router_sweep_large.json`` with ``H_TRANSPOSED`` came from that commit's code."""
+    return [dict(BLOCK_M=128, BLOCK_K=128, num_warps=8, num_stages=4), dict(BLOCK_M=64, BLOCK_K=128, num_stages=3)]
 
 
 # The "only this sweep" flags: argument name -> (shapes, configurations); results in kernels_router_<name>.json.
 SWEEPS = {"sweep_prefill": (PREFILL_SHAPES, prefill_configs), "sweep_small": (SMALL_SHAPES, small_configs),
           "sweep_tiles": (TILE_SHAPES, tile_configs), "sweep_epilogue": (EPILOGUE_SHAPES, epilogue_configs),
           "sweep_parts": (EPILOGUE_SHAPES[:7], parts_configs),
-          "sweep_transposed": (TRANSPOSED_SHAPES, transposed_configs), "sweep_large": (LARGE_SHAPES, large_configs)}
+          "sweep_large": (LARGE_SHAPES, large_configs)}
 
 
 def main() -> None:
@@ -259,9 +243,6 @@ def main() -> None:
                         "parts at the prefill shapes (kernels_router_sweep_parts.json)")
     parser.add_argument("--sweep-tiles", action="store_true", help="only a sweep of token tile / K step / explicit "
                         "split / stages at 4096 tokens, H = 4096 (kernels_router_sweep_tiles.json)")
-    parser.add_argument("--sweep-transposed", action="store_true", help="only a sweep of h made transposed "
-                        "(H_TRANSPOSED: W_in's parts as the first operand) and its tiles "
-                        "(kernels_router_sweep_transposed.json)")
     parser.add_argument("--sweep-large", action="store_true", help="only the best tiles of the earlier sweeps at "
                         "4096-16384 tokens, H = 4096 (use with --rounds; kernels_router_sweep_large.json)")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of a sweep (median reported)")

@@ -49,12 +49,36 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _h_partial(x_ptr, w_in_ptr, H, stride_xm, offs_m, valid_m, offs_r, valid_r, k_begin, k_stop,
-                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, EVEN_K: tl.constexpr,
-                   W_SPLIT3: tl.constexpr, W_PARTS: tl.constexpr):
-        """``x[rows, k_begin:k_stop] @ W_in[:, k_begin:k_stop]^T`` as ``[BLOCK_M, BLOCK_R]`` fp32: ``x`` the MMA's
-        first operand, ``W_in`` (or its 16-bit parts) the second."""
+    def _router_mask_kernel(
+        x_ptr, w_in_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
+        M, H, R, G, stride_xm,
+        SPLIT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        W_SPLIT3: tl.constexpr,
+        W_PARTS: tl.constexpr,
+        LOGIT_DIFF: tl.constexpr,
+        EPILOGUE_PRECISION: tl.constexpr,
+        USE_GDC: tl.constexpr,
+    ):
+        if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
+            tl.extra.cuda.gdc_wait()
+        pid = tl.program_id(0)
+        tile = pid // SPLIT
+        split = pid % SPLIT
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        valid_m = offs_m < M
+        offs_r = tl.arange(0, BLOCK_R)
+        valid_r = offs_r < R
         offs_k = tl.arange(0, BLOCK_K)
+
+        # ---- h partial over this program's slice of H: x[BLOCK_M, BLOCK_K] @ W_in^T[BLOCK_K, BLOCK_R]
+        k_len = tl.cdiv(tl.cdiv(H, SPLIT), BLOCK_K) * BLOCK_K
+        k_begin = split * k_len
+        k_stop = tl.minimum(H, k_begin + k_len)
         x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + (k_begin + offs_k)[None, :]
         w_ptrs = w_in_ptr + offs_r.to(tl.int64)[None, :] * H + (k_begin + offs_k)[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
@@ -79,73 +103,6 @@ if HAS_TRITON:
                 acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-        return acc
-
-    @triton.jit
-    def _h_partial_transposed(x_ptr, w_in_ptr, H, stride_xm, offs_m, valid_m, offs_r, valid_r, k_begin, k_stop,
-                              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                              EVEN_K: tl.constexpr):
-        """The same partial through ``[W_hi; W_mid] @ x^T`` (``[2 BLOCK_R, BLOCK_M]``, then the two halves summed):
-        the split parts of ``W_in`` are the MMA's first operand, which the tensor cores take from registers, so no
-        part is stored to shared memory and the MMAs of one K step overlap the loads of the next."""
-        offs_k = tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + (k_begin + offs_k)[:, None]  # x^T [BLOCK_K, M]
-        w_ptrs = w_in_ptr + offs_r.to(tl.int64)[:, None] * H + (k_begin + offs_k)[None, :]  # W_in [BLOCK_R, BLOCK_K]
-        acc = tl.zeros((2 * BLOCK_R, BLOCK_M), dtype=tl.float32)
-        for k in range(k_begin, k_stop, BLOCK_K):
-            if EVEN_K:
-                xt = tl.load(x_ptrs, mask=valid_m[None, :], other=0.0)
-                wt = tl.load(w_ptrs, mask=valid_r[:, None], other=0.0)
-            else:
-                k_ok = (k + offs_k) < k_stop
-                xt = tl.load(x_ptrs, mask=k_ok[:, None] & valid_m[None, :], other=0.0)
-                wt = tl.load(w_ptrs, mask=valid_r[:, None] & k_ok[None, :], other=0.0)
-            w_hi = wt.to(xt.dtype)
-            w_mid = (wt - w_hi.to(tl.float32)).to(xt.dtype)
-            parts = tl.reshape(tl.permute(tl.join(w_hi, w_mid), (2, 0, 1)), (2 * BLOCK_R, BLOCK_K))
-            acc = tl.dot(parts, xt, acc)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-        hi, mid = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_R, BLOCK_M)), (2, 1, 0)))  # [BLOCK_M, BLOCK_R] each
-        return hi + mid
-
-    @triton.jit
-    def _router_mask_kernel(
-        x_ptr, w_in_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
-        M, H, R, G, stride_xm,
-        SPLIT: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_G: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        W_SPLIT3: tl.constexpr,
-        W_PARTS: tl.constexpr,
-        H_TRANSPOSED: tl.constexpr,
-        LOGIT_DIFF: tl.constexpr,
-        EPILOGUE_PRECISION: tl.constexpr,
-        USE_GDC: tl.constexpr,
-    ):
-        if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
-            tl.extra.cuda.gdc_wait()
-        pid = tl.program_id(0)
-        tile = pid // SPLIT
-        split = pid % SPLIT
-        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        valid_m = offs_m < M
-        offs_r = tl.arange(0, BLOCK_R)
-        valid_r = offs_r < R
-
-        # ---- h partial over this program's slice of H: x[BLOCK_M, BLOCK_K] @ W_in^T[BLOCK_K, BLOCK_R]
-        k_len = tl.cdiv(tl.cdiv(H, SPLIT), BLOCK_K) * BLOCK_K
-        k_begin = split * k_len
-        k_stop = tl.minimum(H, k_begin + k_len)
-        if H_TRANSPOSED:
-            acc = _h_partial_transposed(x_ptr, w_in_ptr, H, stride_xm, offs_m, valid_m, offs_r, valid_r, k_begin,
-                                        k_stop, BLOCK_M, BLOCK_K, BLOCK_R, EVEN_K)
-        else:
-            acc = _h_partial(x_ptr, w_in_ptr, H, stride_xm, offs_m, valid_m, offs_r, valid_r, k_begin, k_stop,
-                             BLOCK_M, BLOCK_K, BLOCK_R, EVEN_K, W_SPLIT3, W_PARTS)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -200,9 +157,9 @@ DECODE_TOKENS = 16  # M <= this: one token tile, H split among programs
 SMALL_TOKENS = 1024
 SMALL_TOKENS_WIDE = 128
 # M >= this with H >= 2048: K steps of 128 instead of 64 (the same 64-token tiles, 3 stages, automatic split). H200,
-# H = 4096, µs, median of 5 interleaved rounds, default -> this (``benchmarks/results/kernels_router_sweep_large.json``):
-# 8192 tokens 34.6 -> 30.8 (112 groups); 16384 tokens 57.3 -> 49.2 (112 groups), 52.3 -> 46.4 (8 groups). At 4096
-# tokens it lost (21.2 -> 22.7 and 18.0 -> 20.8), so the 64-wide steps stay there.
+# H = 4096, µs, median of 5 interleaved rounds, default -> this (``results/kernels_router_sweep_large.json``): 8192
+# tokens 34.6 -> 30.8 (112 groups); 16384 tokens 57.3 -> 49.2 (112 groups), 52.3 -> 46.4 (8 groups). At 4096 tokens
+# it lost (21.2 -> 22.7 and 18.0 -> 20.8), so the 64-wide steps stay there.
 LARGE_TOKENS = 8192
 # The epilogue's logits from h[BLOCK_M, R] (fp32): two products (skip and execute columns, compared) or one product
 # with the difference of the columns (``LOGIT_DIFF``: half the work; rounding differs from the reference's only on
@@ -252,14 +209,6 @@ def _w_parts(parts: int) -> int:
     if parts not in (2, 3):
         raise ValueError(f"router_mask: W_PARTS must be 2 or 3, got {parts!r}")
     return parts
-
-
-def _h_transposed(choice: bool, split_weights: bool, parts: int) -> bool:
-    """Whether ``h`` is made as ``[W_hi; W_mid] @ x^T`` (``H_TRANSPOSED``): a form of the two-part ``W_SPLIT3``
-    product, so off wherever that split does not run; refused with three parts (``3 BLOCK_R`` rows)."""
-    if choice and parts == 3:
-        raise ValueError("router_mask: H_TRANSPOSED multiplies two parts of W_in (W_PARTS = 2), got W_PARTS = 3")
-    return bool(choice) and split_weights
 
 
 def _epilogue_precision(choice: str) -> str:
@@ -322,9 +271,6 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         split = _auto_split(tiles, hidden, block_k, x.device, 1 if num_tokens <= DECODE_TOKENS else 16)
     split = max(1, min(split, max(1, cdiv(hidden, block_k))))
     block_r = max(16, next_pow2(rank))
-    split_weights = _split_weights(x2, num_tokens, cfg.get("W_SPLIT3"))
-    w_parts = _w_parts(cfg.get("W_PARTS", 2))
-    transposed = _h_transposed(cfg.get("H_TRANSPOSED", False), split_weights, w_parts)
     if split > 1:  # workspace per call; counters zero between launches (the kernel leaves them at 0)
         ws = torch.empty(tiles * split * block_m * block_r, dtype=torch.float32, device=x.device)
         counters = arrival_counters(tiles, x.device)
@@ -339,9 +285,8 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         BLOCK_R=block_r,
         BLOCK_G=cfg["BLOCK_G"],
         EVEN_K=hidden % (block_k * split) == 0,
-        W_SPLIT3=split_weights,
-        W_PARTS=w_parts,
-        H_TRANSPOSED=transposed,
+        W_SPLIT3=_split_weights(x2, num_tokens, cfg.get("W_SPLIT3")),
+        W_PARTS=_w_parts(cfg.get("W_PARTS", 2)),
         LOGIT_DIFF=bool(cfg.get("LOGIT_DIFF", EPILOGUE["LOGIT_DIFF"])),
         EPILOGUE_PRECISION=_epilogue_precision(cfg.get("EPILOGUE_PRECISION", EPILOGUE["EPILOGUE_PRECISION"])),
         num_warps=cfg["num_warps"],
