@@ -49,50 +49,6 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def router_h_step(xt, wt, acc, W_SPLIT3: tl.constexpr, W_PARTS: tl.constexpr):
-        """``acc + xt @ wt`` for an ``x`` tile ``[BLOCK_M, BLOCK_K]`` and an fp32 ``W_in^T`` tile ``[BLOCK_K,
-        BLOCK_R]``: with ``W_SPLIT3`` on tensor cores in ``x``'s 16-bit dtype, ``W = hi + mid (+ lo: fp32-exact
-        products)``; otherwise an fp32 FMA product (``ieee``)."""
-        if W_SPLIT3:
-            w_hi = wt.to(xt.dtype)
-            rest = wt - w_hi.to(tl.float32)
-            w_mid = rest.to(xt.dtype)
-            if W_PARTS == 3:
-                w_lo = (rest - w_mid.to(tl.float32)).to(xt.dtype)
-                acc = tl.dot(xt, w_lo, acc)
-            acc = tl.dot(xt, w_mid, acc)
-            acc = tl.dot(xt, w_hi, acc)
-        else:
-            acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
-        return acc
-
-    @triton.jit
-    def router_decisions(acc, offs_m, valid_m, offs_r, valid_r, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, R, G,
-                         BLOCK_G: tl.constexpr, LOGIT_DIFF: tl.constexpr, EPILOGUE_PRECISION: tl.constexpr):
-        """The decisions from ``acc = x W_in^T`` (``[BLOCK_M, BLOCK_R]`` fp32) of rows ``offs_m``: ``h = acc + b_in``,
-        per chunk of ``BLOCK_G`` groups the skip / execute logits (or their difference), compare, store 0 / 1 to
-        ``out[offs_m, :G]``. Shared with ``add_rmsnorm_router`` (the same decisions from a fused residual add)."""
-        h = acc + tl.load(b_in_ptr + offs_r, mask=valid_r, other=0.0).to(tl.float32)[None, :]
-        out_rows = out_ptr + offs_m.to(tl.int64)[:, None] * G
-        for g0 in range(0, G, BLOCK_G):
-            offs_g = g0 + tl.arange(0, BLOCK_G)
-            valid_g = offs_g < G
-            w_mask = valid_r[:, None] & valid_g[None, :]
-            skip_rows = w_out_ptr + (2 * offs_g)[None, :] * R + offs_r[:, None]  # W_out[2g, r] as [R, G]
-            w_skip = tl.load(skip_rows, mask=w_mask, other=0.0).to(tl.float32)
-            w_exec = tl.load(skip_rows + R, mask=w_mask, other=0.0).to(tl.float32)
-            b_skip = tl.load(b_out_ptr + 2 * offs_g, mask=valid_g, other=0.0).to(tl.float32)
-            b_exec = tl.load(b_out_ptr + 2 * offs_g + 1, mask=valid_g, other=0.0).to(tl.float32)
-            if LOGIT_DIFF:  # one product: l_exec - l_skip = h (w_exec - w_skip) + (b_exec - b_skip)
-                margin = tl.dot(h, w_exec - w_skip, input_precision=EPILOGUE_PRECISION)
-                decision = (margin + (b_exec - b_skip)[None, :] >= 0).to(out_ptr.dtype.element_ty)
-            else:
-                l_skip = tl.dot(h, w_skip, input_precision=EPILOGUE_PRECISION) + b_skip[None, :]
-                l_exec = tl.dot(h, w_exec, input_precision=EPILOGUE_PRECISION) + b_exec[None, :]
-                decision = (l_exec >= l_skip).to(out_ptr.dtype.element_ty)
-            tl.store(out_rows + offs_g[None, :], decision, mask=valid_m[:, None] & valid_g[None, :])
-
-    @triton.jit
     def _router_mask_kernel(
         x_ptr, w_in_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
         M, H, R, G, stride_xm,
@@ -134,7 +90,17 @@ if HAS_TRITON:
                 k_ok = (k + offs_k) < k_stop
                 xt = tl.load(x_ptrs, mask=valid_m[:, None] & k_ok[None, :], other=0.0)
                 wt = tl.load(w_ptrs, mask=k_ok[:, None] & valid_r[None, :], other=0.0)
-            acc = router_h_step(xt, wt, acc, W_SPLIT3, W_PARTS)
+            if W_SPLIT3:  # tensor cores: x (16-bit) times W_in = hi + mid (+ lo: fp32-exact products) in x's dtype
+                w_hi = wt.to(xt.dtype)
+                rest = wt - w_hi.to(tl.float32)
+                w_mid = rest.to(xt.dtype)
+                if W_PARTS == 3:
+                    w_lo = (rest - w_mid.to(tl.float32)).to(xt.dtype)
+                    acc = tl.dot(xt, w_lo, acc)
+                acc = tl.dot(xt, w_mid, acc)
+                acc = tl.dot(xt, w_hi, acc)
+            else:
+                acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         if USE_GDC:
@@ -157,10 +123,27 @@ if HAS_TRITON:
                                    cache_modifier=".cg")
                 tl.atomic_xchg(counter_ptr + tile, 0)
 
-        # ---- epilogue: h = acc + b_in; per chunk of groups the logit margin, compare, store 0/1
+        # ---- epilogue: h = acc + b_in; per chunk of groups both logit columns, compare, store 0/1
         if finish:
-            router_decisions(acc, offs_m, valid_m, offs_r, valid_r, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, R, G,
-                             BLOCK_G, LOGIT_DIFF, EPILOGUE_PRECISION)
+            h = acc + tl.load(b_in_ptr + offs_r, mask=valid_r, other=0.0).to(tl.float32)[None, :]
+            out_rows = out_ptr + offs_m.to(tl.int64)[:, None] * G
+            for g0 in range(0, G, BLOCK_G):
+                offs_g = g0 + tl.arange(0, BLOCK_G)
+                valid_g = offs_g < G
+                w_mask = valid_r[:, None] & valid_g[None, :]
+                skip_rows = w_out_ptr + (2 * offs_g)[None, :] * R + offs_r[:, None]  # W_out[2g, r] as [R, G]
+                w_skip = tl.load(skip_rows, mask=w_mask, other=0.0).to(tl.float32)
+                w_exec = tl.load(skip_rows + R, mask=w_mask, other=0.0).to(tl.float32)
+                b_skip = tl.load(b_out_ptr + 2 * offs_g, mask=valid_g, other=0.0).to(tl.float32)
+                b_exec = tl.load(b_out_ptr + 2 * offs_g + 1, mask=valid_g, other=0.0).to(tl.float32)
+                if LOGIT_DIFF:  # one product: l_exec - l_skip = h (w_exec - w_skip) + (b_exec - b_skip)
+                    margin = tl.dot(h, w_exec - w_skip, input_precision=EPILOGUE_PRECISION)
+                    decision = (margin + (b_exec - b_skip)[None, :] >= 0).to(out_ptr.dtype.element_ty)
+                else:
+                    l_skip = tl.dot(h, w_skip, input_precision=EPILOGUE_PRECISION) + b_skip[None, :]
+                    l_exec = tl.dot(h, w_exec, input_precision=EPILOGUE_PRECISION) + b_exec[None, :]
+                    decision = (l_exec >= l_skip).to(out_ptr.dtype.element_ty)
+                tl.store(out_rows + offs_g[None, :], decision, mask=valid_m[:, None] & valid_g[None, :])
 
 
 DECODE_TOKENS = 16  # M <= this: one token tile, H split among programs
