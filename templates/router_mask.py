@@ -50,7 +50,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _router_mask_kernel(
-        x_ptr, w_in_ptr, w2_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
+        x_ptr, w_in_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
         M, H, R, G, stride_xm,
         SPLIT: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -60,7 +60,6 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         W_SPLIT3: tl.constexpr,
         W_PARTS: tl.constexpr,
-        PRESPLIT: tl.constexpr,
         LOGIT_DIFF: tl.constexpr,
         EPILOGUE_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
@@ -81,26 +80,17 @@ if HAS_TRITON:
         k_begin = split * k_len
         k_stop = tl.minimum(H, k_begin + k_len)
         x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + (k_begin + offs_k)[None, :]
-        w_ptrs = (w2_ptr if PRESPLIT else w_in_ptr) + offs_r.to(tl.int64)[None, :] * H + (k_begin + offs_k)[:, None]
+        w_ptrs = w_in_ptr + offs_r.to(tl.int64)[None, :] * H + (k_begin + offs_k)[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        acc_mid = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
         for k in range(k_begin, k_stop, BLOCK_K):
             if EVEN_K:
                 xt = tl.load(x_ptrs, mask=valid_m[:, None], other=0.0)
                 wt = tl.load(w_ptrs, mask=valid_r[None, :], other=0.0)
-                if PRESPLIT:
-                    wt_mid = tl.load(w_ptrs + R * H, mask=valid_r[None, :], other=0.0)
             else:
                 k_ok = (k + offs_k) < k_stop
                 xt = tl.load(x_ptrs, mask=valid_m[:, None] & k_ok[None, :], other=0.0)
                 wt = tl.load(w_ptrs, mask=k_ok[:, None] & valid_r[None, :], other=0.0)
-                if PRESPLIT:
-                    wt_mid = tl.load(w_ptrs + R * H, mask=k_ok[:, None] & valid_r[None, :], other=0.0)
-            if PRESPLIT:  # the two 16-bit parts of W_in, split once outside (split_router_weights); two
-                # accumulators: independent products, so the MMAs of one step need not wait for each other
-                acc = tl.dot(xt, wt, acc)
-                acc_mid = tl.dot(xt, wt_mid, acc_mid)
-            elif W_SPLIT3:  # tensor cores: x (16-bit) times W_in = hi + mid (+ lo: fp32-exact products) in x's dtype
+            if W_SPLIT3:  # tensor cores: x (16-bit) times W_in = hi + mid (+ lo: fp32-exact products) in x's dtype
                 w_hi = wt.to(xt.dtype)
                 rest = wt - w_hi.to(tl.float32)
                 w_mid = rest.to(xt.dtype)
@@ -113,8 +103,6 @@ if HAS_TRITON:
                 acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-        if PRESPLIT:
-            acc += acc_mid
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -252,21 +240,12 @@ def _use_kernel(x: torch.Tensor, w_in: torch.Tensor) -> bool:
     return w_in.dtype == torch.float32 and can_run_triton(x)
 
 
-def split_router_weights(w_in: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[2, R, H]``: ``W_in``'s two parts in ``dtype`` (``hi = W_in.to(dtype)``, ``mid = (W_in - hi).to(dtype)``), the
-    ``w_parts`` argument of :func:`router_mask` (what ``W_SPLIT3`` with two parts makes per K step in registers)."""
-    hi = w_in.to(dtype)
-    return torch.stack([hi, (w_in - hi.to(w_in.dtype)).to(dtype)])
-
-
 def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor,
-                config: dict | None = None, out: torch.Tensor | None = None,
-                w_parts: torch.Tensor | None = None) -> torch.Tensor:
+                config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``mask[..., G]`` (dtype of ``w_in``, values 0.0 / 1.0) equal to :func:`router_mask_reference` except on
     near-ties (``|l1 - l0|`` at fp32 rounding level). ``config`` overrides :func:`router_mask_config` keys
-    (``SPLIT = 0``: automatic); ``out`` (contiguous ``[..., G]``) receives the mask; ``w_parts``
-    (:func:`split_router_weights` of ``w_in`` in ``x``'s 16-bit dtype) replaces the split of ``W_in`` per K step. Runs
-    the reference where Triton cannot run (CPU without ``TRITON_INTERPRET=1``) and for fp16 / bf16 router weights."""
+    (``SPLIT = 0``: automatic); ``out`` (contiguous ``[..., G]``) receives the mask. Runs the reference where
+    Triton cannot run (CPU without ``TRITON_INTERPRET=1``) and for fp16 / bf16 router weights."""
     check_router_mask_args(x, w_in, b_in, w_out, b_out)
     hidden, rank, groups = x.shape[-1], w_in.shape[0], w_out.shape[0] // 2
     lead = x.shape[:-1]
@@ -297,14 +276,8 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         counters = arrival_counters(tiles, x.device)
     else:
         ws, counters = mask, mask  # unused
-    presplit = w_parts is not None
-    if presplit and (w_parts.shape != (2, rank, hidden) or w_parts.dtype != x.dtype or w_parts.device != x.device
-                     or x.dtype not in (torch.bfloat16, torch.float16)):
-        raise ValueError(f"router_mask: w_parts must be [2, {rank}, {hidden}] in x's 16-bit dtype on {x.device}, "
-                         f"got {tuple(w_parts.shape)} {w_parts.dtype} on {w_parts.device} (x {x.dtype})")
     _router_mask_kernel[(tiles * split,)](
-        x2, w_in.contiguous(), w_parts.contiguous() if presplit else w_in, b_in.contiguous(), w_out.contiguous(),
-        b_out.contiguous(), mask, ws, counters,
+        x2, w_in.contiguous(), b_in.contiguous(), w_out.contiguous(), b_out.contiguous(), mask, ws, counters,
         num_tokens, hidden, rank, groups, x2.stride(0),
         SPLIT=split,
         BLOCK_M=block_m,
@@ -314,7 +287,6 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         EVEN_K=hidden % (block_k * split) == 0,
         W_SPLIT3=_split_weights(x2, num_tokens, cfg.get("W_SPLIT3")),
         W_PARTS=_w_parts(cfg.get("W_PARTS", 2)),
-        PRESPLIT=presplit,
         LOGIT_DIFF=bool(cfg.get("LOGIT_DIFF", EPILOGUE["LOGIT_DIFF"])),
         EPILOGUE_PRECISION=_epilogue_precision(cfg.get("EPILOGUE_PRECISION", EPILOGUE["EPILOGUE_PRECISION"])),
         num_warps=cfg["num_warps"],
