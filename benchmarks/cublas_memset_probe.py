@@ -26,6 +26,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kernels_attention import capture_graph, replay_ms  # (benchmarks/ is the script's folder)
+
 SHAPES = {"o_proj": (4096, 4096, 4096), "down_proj": (4096, 14336, 4096), "k_proj": (4096, 4096, 1024)}  # M, K, N
 
 
@@ -37,37 +39,20 @@ def variants(n: int, device: str) -> dict:
 
 
 def capture(fn, xs, ws, library: str | None):
+    """One CUDA graph of ``fn`` on every rotation (each after the pointwise add that produced x), captured with
+    ``library`` as cuBLAS's preferred backend; the graph and its outputs."""
     prev = torch.backends.cuda.preferred_blas_library()
     if library:
         torch.backends.cuda.preferred_blas_library(library)
     try:
-        calls = [lambda x=x, w=w: fn(x.add_(0.0), w) for x, w in zip(xs, ws)]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for c in calls[:2]:
-                c()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = [c() for c in calls]
+        return capture_graph([lambda x=x, w=w: fn(x.add_(0.0), w) for x, w in zip(xs, ws)])
     finally:
         torch.backends.cuda.preferred_blas_library(prev)
-    return graph, outs
 
 
 def time_graph(graph, calls: int, reps: int = 25) -> float:
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times) * 1e3 / calls
+    """Median µs per call of one replay of ``graph`` (``calls`` products)."""
+    return replay_ms(graph, reps) * 1e3 / calls
 
 
 def profile_graph(graph, calls: int) -> dict:

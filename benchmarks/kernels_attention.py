@@ -177,8 +177,9 @@ def sweep_prefill(lengths, sweep):
         torch.cuda.empty_cache()
 
 
-def graph_time_per_call(calls, replays: int = 15) -> float:
-    """Capture ``calls`` (a list of thunks) into one CUDA graph; median replay time / number of calls, in ms."""
+def capture_graph(calls) -> tuple[torch.cuda.CUDAGraph, list]:
+    """``calls`` (a list of thunks) captured into one CUDA graph after two warm-up calls on a side stream; the graph
+    and the calls' outputs (the graph's static outputs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -187,8 +188,12 @@ def graph_time_per_call(calls, replays: int = 15) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for c in calls:
-            c()
+        outs = [c() for c in calls]
+    return graph, outs
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 15) -> float:
+    """Median ms of one replay of ``graph`` between two CUDA events (after one untimed replay)."""
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -199,8 +204,15 @@ def graph_time_per_call(calls, replays: int = 15) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def graph_time_per_call(calls, replays: int = 15) -> float:
+    """Capture ``calls`` (a list of thunks) into one CUDA graph; median replay time / number of calls, in ms."""
+    graph, _ = capture_graph(calls)
+    ms = replay_ms(graph, replays)
     del graph
-    return statistics.median(times) / len(calls)
+    return ms / len(calls)
 
 
 def decode_inputs(b: int, s: int):
