@@ -48,7 +48,7 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(1)
     rows = []
     for b, s in SHAPES:
-        qs, ks, vs, set_bytes = decode_inputs(b, s)
+        qs, ks, vs, _ = decode_inputs(b, s)
         copies = len(qs)
         mask = random_mask(b, 1, 0.5, gen)
         outs = {on: [torch.empty(b, HQ, 1, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
