@@ -218,7 +218,9 @@ LARGE_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 8192), (4096, 11
 def large_configs(hidden: int, m: int) -> list[dict]:
     """The candidates of two earlier sweeps at 4096+ tokens (``_sweep_tiles``: K steps of 128; ``_sweep_transposed``,
     commit ``680df27``: h made transposed, a form since removed), in interleaved rounds against the default. The
-    rows of ``kernels_router_sweep_large.json`` with ``H_TRANSPOSED`` came from that commit's code."""
+    rows of ``kernels_router_sweep_large.json`` with ``H_TRANSPOSED`` came from that commit's code. The second
+    configuration became the default from 8192 tokens (``router_mask.LARGE_TOKENS``): re-run today, it times the
+    default against itself there."""
     return [dict(BLOCK_M=128, BLOCK_K=128, num_warps=8, num_stages=4), dict(BLOCK_M=64, BLOCK_K=128, num_stages=3)]
 
 
