@@ -39,8 +39,8 @@ import torch
 
 from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2,
                             output_group_tile, tail_part, tail_rows)
-from .group_gemm_tiles import load_token_rows, load_weight_tile
-from .tma_weights import use_tma, weight_descriptors
+from .group_gemm_tiles import load_token_rows, load_weight_pair, load_weight_tile
+from .tma_weights import pair_descriptor, use_tma, weight_descriptors
 from .tail_split import tail_split
 
 if HAS_TRITON:
@@ -58,26 +58,44 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
+        PAIRED: tl.constexpr,
+        UP_FIRST: tl.constexpr,
     ):
         """``h[rows, n tile]`` of one tile (as many rows as ``rows`` holds): both products over K, then the
         activation, the product, zeros for rows at or past ``count``, one store."""
         offs_k = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-        w_off = offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
-        wg_ptrs = wg_ptr + w_off
-        wu_ptrs = wu_ptr + w_off
-        acc_g = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
-        acc_u = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
         n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
-        for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
-            a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
-            bg = load_weight_tile(wg_ptrs, wg_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
-            bu = load_weight_tile(wu_ptrs, wu_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N, UPCAST)
-            acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PRECISION)
-            acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
-            x_ptrs += BLOCK_K
-            wg_ptrs += BLOCK_K
-            wu_ptrs += BLOCK_K
+        if PAIRED:  # one [2, N, K] box and one MMA of 2 x BLOCK_N columns per K step
+            BLOCK_N: tl.constexpr = offs_n.shape[0]
+            acc = tl.zeros((rows.shape[0], 2 * BLOCK_N), dtype=tl.float32)
+            for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+                a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
+                acc = tl.dot(a, load_weight_pair(wg_desc, n_start, k, BLOCK_N, BLOCK_K, UPCAST), acc,
+                             input_precision=DOT_PRECISION)
+                x_ptrs += BLOCK_K
+            first, second = acc.reshape(rows.shape[0], 2, BLOCK_N).permute(0, 2, 1).split()
+            if UP_FIRST:
+                acc_g, acc_u = second, first
+            else:
+                acc_g, acc_u = first, second
+        else:
+            w_off = offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
+            wg_ptrs = wg_ptr + w_off
+            wu_ptrs = wu_ptr + w_off
+            acc_g = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
+            acc_u = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
+            for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+                a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
+                bg = load_weight_tile(wg_ptrs, wg_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N,
+                                      UPCAST)
+                bu = load_weight_tile(wu_ptrs, wu_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N,
+                                      UPCAST)
+                acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PRECISION)
+                acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
+                x_ptrs += BLOCK_K
+                wg_ptrs += BLOCK_K
+                wu_ptrs += BLOCK_K
         h = activation_fn(acc_g, ACTIVATION) * acc_u
         h = tl.where((offs_m < count)[:, None], h, 0.0)
         tl.store(h_ptr + rows[:, None] * N + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=out_mask)
@@ -96,13 +114,15 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         USE_TMA: tl.constexpr,
         WARP_SPECIALIZE: tl.constexpr,
+        PAIRED: tl.constexpr,
+        UP_FIRST: tl.constexpr,
     ):
         """A partly active tile whose active rows fit in its first ``PART`` rows: the products over those, zeros
         for the rest of the tile."""
         part_rows, part_offs, part_mask = tail_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE, PART)
         _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, part_rows, part_offs, count, offs_n, valid_n,
                        part_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
-                       WARP_SPECIALIZE)
+                       WARP_SPECIALIZE, PAIRED, UP_FIRST)
         rest = out_mask & (offs_m >= tile_start + PART)[:, None]
         tl.store(h_ptr + rows[:, None] * N + offs_n[None, :],
                  tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=h_ptr.dtype.element_ty), mask=rest)
@@ -126,6 +146,8 @@ if HAS_TRITON:
         WARP_SPECIALIZE: tl.constexpr,
         TAIL_SPLIT: tl.constexpr,
         ACTIVE_FIRST: tl.constexpr,
+        PAIRED: tl.constexpr,
+        UP_FIRST: tl.constexpr,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N, ACTIVE_FIRST)
@@ -136,17 +158,18 @@ if HAS_TRITON:
         elif part == BLOCK_M:
             _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
                            out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
-                           WARP_SPECIALIZE)
+                           WARP_SPECIALIZE, PAIRED, UP_FIRST)
         elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
             if BLOCK_M // 2 >= 16:
                 _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
                                rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, ACTIVATION, BLOCK_K,
-                               EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+                               EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, PAIRED, UP_FIRST)
         else:
             if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
                 _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
                                rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE, ACTIVATION,
-                               BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+                               BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, PAIRED,
+                               UP_FIRST)
 
 
 def default_config(num_tokens: int, group_size: int) -> dict:
@@ -186,7 +209,11 @@ def gated_up_gemm(
     tiles_per_group = cdiv(group_size, block_n)
     grid = (cdiv(num_tokens, block_m) * (n_dim // group_size) * tiles_per_group,)
     tma = use_tma("gated_up_gemm", cfg, config, w_gate, w_up)
-    descs = weight_descriptors((w_gate, w_up), block_n, block_k) if tma else (w_gate, w_up)
+    pair = pair_descriptor(w_gate, w_up, block_n, block_k) if tma and cfg.get("PAIRED", True) else None
+    if pair is not None:
+        descs, up_first = (pair[0], pair[0]), pair[1]
+    else:
+        descs, up_first = (weight_descriptors((w_gate, w_up), block_n, block_k) if tma else (w_gate, w_up)), False
     _gated_up_gemm_kernel[grid](
         x, w_gate, w_up, h, group_tokens, group_counts, *descs,
         num_tokens, n_dim, k_dim,
@@ -205,6 +232,8 @@ def gated_up_gemm(
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
         ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) else 0,
+        PAIRED=pair is not None,
+        UP_FIRST=up_first,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

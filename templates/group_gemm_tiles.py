@@ -3,7 +3,9 @@
 Per K step a program reads one ``[BLOCK_M, BLOCK_K]`` tile of gathered token rows (pointer loads: the rows are a
 group's reordered token list) and one ``[BLOCK_K, BLOCK_N]`` tile of ``W.T`` per weight, either through pointer loads
 or, with ``USE_TMA``, through a host-side TMA descriptor of ``W[N, K]`` (``tma_weights``; the box's rows or columns
-past the weight's edge read as zeros, so no mask is needed there).
+past the weight's edge read as zeros, so no mask is needed there). ``load_weight_pair`` reads the same n tile of two
+weights at once through one ``[2, N, K]`` descriptor (``tma_weights.pair_descriptor``) as one ``[BLOCK_K, 2 * BLOCK_N]``
+operand.
 """
 from __future__ import annotations
 
@@ -41,4 +43,16 @@ if HAS_TRITON:
         return b
 
 
-__all__ = ["load_token_rows", "load_weight_tile"]
+    @triton.jit
+    def load_weight_pair(w_pair_desc, n_start, k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         UPCAST: tl.constexpr):
+        """``[W_a[n tile, k:k + BLOCK_K]; W_b[n tile, k:k + BLOCK_K]].T`` as ``[BLOCK_K, 2 * BLOCK_N]``: one TMA box
+        ``[2, BLOCK_N, BLOCK_K]`` that Triton reshapes in shared memory, so it feeds one MMA (zeros outside the
+        weights)."""
+        b = w_pair_desc.load([0, n_start, k]).reshape(2 * BLOCK_N, BLOCK_K).T
+        if UPCAST:
+            b = b.to(tl.float32)
+        return b
+
+
+__all__ = ["load_token_rows", "load_weight_pair", "load_weight_tile"]

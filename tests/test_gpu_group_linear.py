@@ -111,18 +111,25 @@ def test_gelu_variants_and_batch_dims(weights, activation):
 @pytest.mark.parametrize("m", [1000, 4096])
 @pytest.mark.parametrize("kind", ["random", "all", "none"])
 def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
-    """The prefill gate/up GEMM (TMA with 4 stages, the default; 3 stages; half-height last tiles) and the output-group
-    GEMM of the query projection (TMA, with and without half-height last tiles) with weight tiles through tensor
-    descriptors."""
+    """The prefill gate/up GEMM (TMA with 4 stages, the default; 3 stages; half-height last tiles; gate and up tiles in
+    one box, the default, or two) and the output-group GEMM of the query projection (TMA, with and without half-height
+    last tiles) with weight tiles through tensor descriptors."""
     gen = torch.Generator(device="cuda").manual_seed(m + len(kind))
     wg, wu = weights["gate"].to(torch.bfloat16), weights["up"].to(torch.bfloat16)
     x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
     mask = _mask(kind, m, INTER // FFN_GROUP, gen)
+    outs = {}
     for cfg in ({"TMA": True}, {"TMA": True, "num_stages": 3}, {"TMA": True, "TAIL_SPLIT": 2},
-                {"TMA": True, "TAIL_SPLIT": 4}, {"TMA": True, "TAIL_SPLIT": 2, "ACTIVE_FIRST": True}):
+                {"TMA": True, "TAIL_SPLIT": 4}, {"TMA": True, "TAIL_SPLIT": 2, "ACTIVE_FIRST": True},
+                {"TMA": True, "PAIRED": False}, {"TMA": True, "TAIL_SPLIT": 2, "PAIRED": False}):
         h = gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemm", config=cfg,
                             out=torch.full((m, INTER), float("nan"), dtype=torch.bfloat16, device="cuda"))
         _check(h, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu"), mask, FFN_GROUP)
+        outs[tuple(sorted(cfg.items()))] = h
+    # gate and up in one [2, N, K] box (separate allocations here) or two boxes: the same products, bit for bit
+    assert torch.equal(outs[(("TMA", True),)], outs[(("PAIRED", False), ("TMA", True))])
+    assert torch.equal(outs[(("TAIL_SPLIT", 2), ("TMA", True))],
+                       outs[(("PAIRED", False), ("TAIL_SPLIT", 2), ("TMA", True))])
     wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
     attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
     for cfg in ({"TMA": True}, {"TMA": True, "TAIL_SPLIT": 2},

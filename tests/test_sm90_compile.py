@@ -56,7 +56,14 @@ out["gated_up_tma"] = kernel_stats(compile_sm90(
     _gated_up_gemm_kernel,
     {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
      "wg_desc": "tensordesc<bf16[128, 64]>", "wu_desc": "tensordesc<bf16[128, 64]>"},
-    dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128, ACTIVE_FIRST=128), (), 8, 4))
+    dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128, ACTIVE_FIRST=128, PAIRED=False,
+         UP_FIRST=False), (), 8, 4))
+out["gated_up_tma_paired"] = kernel_stats(compile_sm90(
+    _gated_up_gemm_kernel,
+    {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
+     "wg_desc": "tensordesc<bf16[2, 128, 64]>", "wu_desc": "tensordesc<bf16[2, 128, 64]>"},
+    dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128, ACTIVE_FIRST=128, PAIRED=True,
+         UP_FIRST=True), (), 8, 4))
 query = {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
          "w_desc": "tensordesc<bf16[256, 64]>", "cos_ptr": bf, "sin_ptr": bf}
 for name, rotary_dim in (("query_tma", 0), ("query_tma_rotary", 128)):
@@ -83,7 +90,7 @@ def stats() -> dict:
 
 
 @pytest.mark.parametrize("name", ["prefill_4k_tma", "prefill_4k_tma_mask_tiles", "prefill_causal_tma",
-                                  "gated_up_tma", "query_tma", "query_tma_rotary"])
+                                  "gated_up_tma", "gated_up_tma_paired", "query_tma", "query_tma_rotary"])
 def test_tma_configurations_copy_through_tma(stats, name):
     s = stats[name]
     assert s["tma"] > 0 and s["wgmma"] > 0, s
@@ -102,6 +109,14 @@ def test_no_register_spills(stats):
     assert not spilled, spilled
     assert stats["prefill_4k_tma"]["registers"] < stats["prefill_4k_pointers"]["registers"]
     assert stats["decode"]["wgmma"] == 0  # decode tiles are mma.sync-sized (16 rows at most)
+
+
+def test_paired_gate_up_runs_one_mma_per_k_step_for_both_weights(stats):
+    """With the gate and up tiles in one ``[2, 128, 64]`` box (``PAIRED``) each K step is one 128 x 256 wgmma group
+    instead of two 128 x 128 ones (half the ``wgmma`` instructions, half the TMA copies) in the same shared memory."""
+    two, one = stats["gated_up_tma"], stats["gated_up_tma_paired"]
+    assert one["wgmma"] * 2 == two["wgmma"] and one["tma"] * 2 == two["tma"], (two, one)
+    assert one["smem"] <= two["smem"], (two, one)
 
 
 def test_rotary_epilogue_keeps_the_query_gemm_in_its_shared_memory(stats):

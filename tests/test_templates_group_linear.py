@@ -185,6 +185,38 @@ def test_group_gemms_with_tma_weight_tiles(k, kind):
                                 config={"TMA": True})  # 120-byte rows
 
 
+@pytest.mark.parametrize("layout", ["gate_first", "up_first", "separate", "same"])
+def test_gated_up_gemm_reads_gate_and_up_through_one_descriptor(k, layout):
+    """With TMA the gate and up tiles of a group come as one ``[2, BLOCK_N, BLOCK_K]`` box of a descriptor whose first
+    stride is the distance between the two weights (``tma_weights.pair_descriptor``), in either address order and
+    across separate allocations; the same tensor twice falls back to one descriptor each. Against the reference, with
+    half-height tails, and against ``PAIRED=False``."""
+    gen = torch.Generator().manual_seed(13)
+    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
+    m, d, gs, n = 70, 80, 48, 144
+    both = (torch.randn(2, n, d, generator=gen) / 9).to(dtype)
+    wg, wu = {"gate_first": (both[0], both[1]), "up_first": (both[1], both[0]),
+              "separate": (both[0].clone(), both[1].clone()), "same": (both[0], both[0])}[layout]
+    from wide_compile.templates.tma_weights import pair_descriptor
+
+    pair = pair_descriptor(wg, wu, 64, 64)
+    assert (pair is None) == (layout == "same")
+    if layout in ("gate_first", "up_first"):
+        assert pair[1] == (layout == "up_first")
+        assert pair[0].shape == [2, n, d] and pair[0].strides == [n * d, d, 1] and pair[0].block_shape == [2, 64, 64]
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    for kind in ("all", "none", "random", "clustered"):
+        mask = _mask(kind, m, n // gs, gen)
+        outs = []
+        for cfg in ({"TMA": True}, {"TMA": True, "TAIL_SPLIT": 2, "BLOCK_M": 32}, {"TMA": True, "PAIRED": False}):
+            h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
+            _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
+            outs.append(h)
+        # (bit-equal on the H200; the interpreter's fp32 matmuls of 2 x 64 and 64 columns may round differently)
+        torch.testing.assert_close(outs[0], outs[2], rtol=2e-3, atol=2e-3)
+    assert pair_descriptor(wg, wu[:, :64].contiguous(), 64, 64) is None  # shapes differ
+
+
 def test_group_gemms_with_warp_specialized_k_loop(k):
     """``config={"WARP_SPECIALIZE": True}`` (the K loop through ``tl.range(..., warp_specialize=True)``, a sweep
     option): same results as the reference, ragged M and K."""
