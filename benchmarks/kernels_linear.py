@@ -421,6 +421,26 @@ def query_tile_sweeps(ms: tuple = (4096,)) -> list:
     return sweeps
 
 
+def paired_sweeps(ms: tuple = (256, 512, 1024, 2048, 4096, 8192, 16384)) -> list:
+    """The prefill gate/up GEMM with the gate and up tiles in one TMA box and one MMA per K step (``PAIRED``, the
+    default with TMA since stop 24) against two boxes and two MMAs (``PAIRED=False``) at the default tiles; below 2048
+    tokens also TMA + ``PAIRED`` on narrower or shorter tiles (256-511 tokens default to pointer loads), and from 8192
+    4 stages against the default 3 (``kernels_linear_sweep_paired.json``)."""
+    from wide_compile.templates.gemm_gated_up import default_config
+
+    sweeps = []
+    for m in ms:
+        base = default_config(m, OPS["gate_up"]["gs"])
+        configs = [base, dict(base, PAIRED=False)] if base.get("TMA") else [base]
+        if m < 2048:
+            configs += [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, num_warps=w, num_stages=st, TMA=True, TAIL_SPLIT=2)
+                        for bm, bn, w in ((128, 64, 4), (64, 128, 4), (128, 128, 8)) for st in (3, 4)]
+        if m >= 8192:
+            configs.append(dict(base, num_stages=4))
+        sweeps.append(("gate_up", m, "rand50", configs))
+    return sweeps
+
+
 def moderate_tile_sweeps() -> list:
     """The output-group GEMMs (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 64-1024 tokens,
     where the default tiles leave few programs per group (64 tokens: 32 programs for the query projection) or spill
@@ -569,6 +589,8 @@ def main() -> None:
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
     ap.add_argument("--sweep-active-first", action="store_true", help="time the prefill output-group GEMMs with "
                     "and without ACTIVE_FIRST (zero-only tiles last); --ms: token counts")
+    ap.add_argument("--sweep-paired", action="store_true", help="time the prefill gate/up GEMM with its gate and up "
+                    "tiles in one TMA box against two (PAIRED), and TMA tiles below 2048 tokens; --ms: token counts")
     ap.add_argument("--sweep-query-tiles", action="store_true", help="time the query projection's output-group GEMM "
                     "tiles; --ms: token counts (default 4096)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
@@ -604,6 +626,7 @@ def main() -> None:
               "sweep_half_tail": (with_ms(half_tail_sweeps), "kernels_linear_sweep_half_tail.json"),
               "sweep_active_first": (with_ms(active_first_sweeps), "kernels_linear_sweep_active_first.json"),
               "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),
+              "sweep_paired": (with_ms(paired_sweeps), "kernels_linear_sweep_paired.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

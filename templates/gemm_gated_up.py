@@ -6,7 +6,7 @@ n tile of the gate and of the up weight, so ``x`` rows are loaded once for both 
 activation and product are applied in registers before the single store of ``h``.
 
 ``TMA``: the weight tiles come through Hopper's tensor memory accelerator (host-side ``TensorDescriptor``s; the
-gathered token rows stay pointer loads). The default from 512 tokens where the descriptors are legal
+gathered token rows stay pointer loads). The default from 512 tokens (256 since stop 24) where the descriptors are legal
 (``tma_weights.tma_ok``: contiguous bf16 / fp16 weights with 16-byte rows; otherwise pointer loads): 4 stages up to
 8191 tokens, 3 from 8192. H200, Llama-3-8B gate/up at 50%, µs, pointer loads with 3 stages / TMA with 3 / TMA with 4,
 two device calls (``benchmarks/results/kernels_linear_sweep_tma.json``, ``kernels_linear_sweep_tma_v3.json``):
@@ -14,6 +14,16 @@ two device calls (``benchmarks/results/kernels_linear_sweep_tma.json``, ``kernel
 and 983.9 / 859.4 / 882.4; 8192 1856.5 / 1701.5 / 1949.7; 16384 3648.1 / 3498.6 / 3621.9 and 3576.0 / 3670.9 /
 3382.8. Between calls the same configuration varies by up to 16%: from 8192 tokens TMA with 3 and 4 stages trade
 places. An explicit ``config={"TMA": True}`` on weights TMA cannot take raises.
+
+``PAIRED`` (config key, on by default wherever TMA is used): the group's gate and up tiles come as one
+``[2, BLOCK_N, BLOCK_K]`` box of a descriptor that sees the two weights as ``[2, N, K]``
+(``tma_weights.pair_descriptor``: dimension 0's stride is the distance between their addresses, so they need not share
+an allocation), and each K step is one MMA of ``2 * BLOCK_N`` columns (one m64n256 wgmma per warpgroup instead of two
+m64n128 that each read the ``x`` tile); the accumulator is split into its gate and up halves once per tile. Results
+are bit-equal to two boxes. H200, 50% random masks, µs, median of 3 interleaved rounds, two boxes -> one
+(``benchmarks/results/kernels_linear_sweep_paired.json``): 512 tokens 148.3 -> 139.0, 1024 227.8 -> 207.8, 2048
+440.0 -> 375.7, 4096 856.2 -> 780.4, 8192 1675.6 -> 1558.9, 16384 3458.4 -> 3225.6. Where no pair descriptor is legal
+(the same tensor twice, shapes that differ) two boxes are used.
 
 ``TAIL_SPLIT`` (config key, ``tail_split.py``; 2 in the TMA defaults): a group's last tile with at most half (with 4:
 also a quarter) of its rows active runs the K loop on that many rows and stores zeros for the rest. H200, 50% random
@@ -175,7 +185,8 @@ if HAS_TRITON:
 def default_config(num_tokens: int, group_size: int) -> dict:
     """Tile sizes / warps / pipeline depth for the fused gate/up GEMM (two weight tiles per stage); see the module
     docstring for the TMA rows. 256-511 tokens: 128-token tiles of 64 columns with 4 warps (256 tokens: 107.7 µs
-    against 116.5 for 64 x 64, ``kernels_linear_sweep_moderate.json``)."""
+    against 116.5 for 64 x 64, ``kernels_linear_sweep_moderate.json``), since stop 24 with TMA, paired tiles and
+    half-height tails (107.1 -> 99.8 µs, ``kernels_linear_sweep_paired.json``)."""
     block_n = min(128, max(16, next_pow2(group_size)))
     if interpreting():
         return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
@@ -185,7 +196,8 @@ def default_config(num_tokens: int, group_size: int) -> dict:
         return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True, TAIL_SPLIT=2,
                     ACTIVE_FIRST=True)
     if num_tokens >= 256:
-        return dict(BLOCK_M=128, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=4)
+        return dict(BLOCK_M=128, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=4, TMA=True,
+                    TAIL_SPLIT=2)
     return dict(BLOCK_M=64, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=3)
 
 
