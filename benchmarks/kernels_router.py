@@ -224,21 +224,11 @@ def large_configs(hidden: int, m: int) -> list[dict]:
     return [dict(BLOCK_M=128, BLOCK_K=128, num_warps=8, num_stages=4), dict(BLOCK_M=64, BLOCK_K=128, num_stages=3)]
 
 
-JOIN_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 1024), (4096, 112, 16384), (576, 90, 4096),
-               (576, 3, 4096), (576, 90, 1024))
-
-
-def join_configs(hidden: int, m: int) -> list[dict]:
-    """Stop 24: W_in's two bf16 parts side by side, one MMA of 2 x 32 columns per K step (``JOIN_PARTS``, the
-    default of the prefill tiles since), against two dependent 32-column ones, at the default tiles."""
-    return [dict(JOIN_PARTS=False)]
-
-
 # The "only this sweep" flags: argument name -> (shapes, configurations); results in kernels_router_<name>.json.
 SWEEPS = {"sweep_prefill": (PREFILL_SHAPES, prefill_configs), "sweep_small": (SMALL_SHAPES, small_configs),
           "sweep_tiles": (TILE_SHAPES, tile_configs), "sweep_epilogue": (EPILOGUE_SHAPES, epilogue_configs),
           "sweep_parts": (EPILOGUE_SHAPES[:7], parts_configs),
-          "sweep_large": (LARGE_SHAPES, large_configs), "sweep_join": (JOIN_SHAPES, join_configs)}
+          "sweep_large": (LARGE_SHAPES, large_configs)}
 
 
 def main() -> None:
@@ -258,8 +248,6 @@ def main() -> None:
                         "split / stages at 4096 tokens, H = 4096 (kernels_router_sweep_tiles.json)")
     parser.add_argument("--sweep-large", action="store_true", help="only the best tiles of the earlier sweeps at "
                         "4096-16384 tokens, H = 4096 (use with --rounds; kernels_router_sweep_large.json)")
-    parser.add_argument("--sweep-join", action="store_true", help="only the default (W_in's two parts in one MMA, "
-                        "JOIN_PARTS) against two MMAs at the prefill shapes (use with --rounds; kernels_router_sweep_join.json)")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of a sweep (median reported)")
     parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
                         "one-token form (kernels_router_one_token.json)")

@@ -60,7 +60,6 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         W_SPLIT3: tl.constexpr,
         W_PARTS: tl.constexpr,
-        JOIN_PARTS: tl.constexpr,
         LOGIT_DIFF: tl.constexpr,
         EPILOGUE_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
@@ -83,8 +82,6 @@ if HAS_TRITON:
         x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + (k_begin + offs_k)[None, :]
         w_ptrs = w_in_ptr + offs_r.to(tl.int64)[None, :] * H + (k_begin + offs_k)[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        if JOIN_PARTS:  # [x W_hi, x W_mid] side by side: one MMA of 2 x BLOCK_R columns per K step
-            acc2 = tl.zeros((BLOCK_M, 2 * BLOCK_R), dtype=tl.float32)
         for k in range(k_begin, k_stop, BLOCK_K):
             if EVEN_K:
                 xt = tl.load(x_ptrs, mask=valid_m[:, None], other=0.0)
@@ -97,22 +94,15 @@ if HAS_TRITON:
                 w_hi = wt.to(xt.dtype)
                 rest = wt - w_hi.to(tl.float32)
                 w_mid = rest.to(xt.dtype)
-                if JOIN_PARTS:
-                    w_both = tl.join(w_hi, w_mid).permute(0, 2, 1).reshape(BLOCK_K, 2 * BLOCK_R)
-                    acc2 = tl.dot(xt, w_both, acc2)
-                else:
-                    if W_PARTS == 3:
-                        w_lo = (rest - w_mid.to(tl.float32)).to(xt.dtype)
-                        acc = tl.dot(xt, w_lo, acc)
-                    acc = tl.dot(xt, w_mid, acc)
-                    acc = tl.dot(xt, w_hi, acc)
+                if W_PARTS == 3:
+                    w_lo = (rest - w_mid.to(tl.float32)).to(xt.dtype)
+                    acc = tl.dot(xt, w_lo, acc)
+                acc = tl.dot(xt, w_mid, acc)
+                acc = tl.dot(xt, w_hi, acc)
             else:
                 acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-        if JOIN_PARTS:
-            part_hi, part_mid = acc2.reshape(BLOCK_M, 2, BLOCK_R).permute(0, 2, 1).split()
-            acc = part_mid + part_hi
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -210,7 +200,7 @@ def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, dev
         block_m, block_g, stages = (64 if block_r <= 64 else 16), _block_g(groups), 3
     block_k = max(16, min(block_k, 8192 // block_r, next_pow2(hidden)))  # bounded W_in tile
     return dict(BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_G=block_g, SPLIT=0, num_warps=4, num_stages=stages,
-                W_SPLIT3=None, JOIN_PARTS=num_tokens > DECODE_TOKENS)
+                W_SPLIT3=None)
 
 
 def _w_parts(parts: int) -> int:
@@ -286,7 +276,6 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         counters = arrival_counters(tiles, x.device)
     else:
         ws, counters = mask, mask  # unused
-    w_split, w_parts = _split_weights(x2, num_tokens, cfg.get("W_SPLIT3")), _w_parts(cfg.get("W_PARTS", 2))
     _router_mask_kernel[(tiles * split,)](
         x2, w_in.contiguous(), b_in.contiguous(), w_out.contiguous(), b_out.contiguous(), mask, ws, counters,
         num_tokens, hidden, rank, groups, x2.stride(0),
@@ -296,9 +285,8 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         BLOCK_R=block_r,
         BLOCK_G=cfg["BLOCK_G"],
         EVEN_K=hidden % (block_k * split) == 0,
-        W_SPLIT3=w_split,
-        W_PARTS=w_parts,
-        JOIN_PARTS=w_split and w_parts == 2 and bool(cfg.get("JOIN_PARTS", False)),
+        W_SPLIT3=_split_weights(x2, num_tokens, cfg.get("W_SPLIT3")),
+        W_PARTS=_w_parts(cfg.get("W_PARTS", 2)),
         LOGIT_DIFF=bool(cfg.get("LOGIT_DIFF", EPILOGUE["LOGIT_DIFF"])),
         EPILOGUE_PRECISION=_epilogue_precision(cfg.get("EPILOGUE_PRECISION", EPILOGUE["EPILOGUE_PRECISION"])),
         num_warps=cfg["num_warps"],

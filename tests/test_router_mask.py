@@ -114,8 +114,8 @@ def test_template_all_execute_and_all_skip(rm, bias, m, split):
 
 @pytest.mark.parametrize("m, split", [(1, 2), (17, 1), (40, 3)])
 def test_template_split_weights_on_tensor_cores(rm, m, split):
-    """``W_SPLIT3`` (W_in split into two fp16 parts by default, or three; 16-bit dots, fp32 accumulate; the two parts
-    also side by side in one product, ``JOIN_PARTS``) forced on and off for fp16 x: both equal the fp32 reference except on near-ties; it is the automatic choice above ``DECODE_TOKENS`` only."""
+    """``W_SPLIT3`` (W_in split into two fp16 parts by default, or three; 16-bit dots, fp32 accumulate) forced on and
+    off for fp16 x: both equal the fp32 reference except on near-ties; it is the automatic choice above ``DECODE_TOKENS`` only."""
     x = tokens((m, 200), torch.float16, seed=m)
     weights = router_weights(200, 20, 40, seed=m)
     for choice in (True, False):
@@ -124,9 +124,6 @@ def test_template_split_weights_on_tensor_cores(rm, m, split):
                                x, *weights)
     out = torch.full((m, 40), float("nan"))  # three parts of the split (exact products): near-ties only, too
     assert_decisions_match(rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": True, "W_PARTS": 3},
-                                          out=out), x, *weights)
-    out = torch.full((m, 40), float("nan"))  # the two parts side by side in one product per K step
-    assert_decisions_match(rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": True, "JOIN_PARTS": True},
                                           out=out), x, *weights)
     with pytest.raises(ValueError, match="W_PARTS must be 2 or 3"):
         rm.router_mask(x, *weights, config={"W_PARTS": 1})
@@ -489,8 +486,6 @@ def test_gpu_llama3_8b_router_shapes(groups):
                 assert_decisions_match(router_mask(x, *weights, config={"SPLIT": split}), x, *weights)
             for choice in (True, False):  # bf16 split of W_in on tensor cores / fp32 FMA
                 assert_decisions_match(router_mask(x, *weights, config={"W_SPLIT3": choice}), x, *weights)
-            for join in (True, False):  # the split's two parts in one product per K step, or two
-                assert_decisions_match(router_mask(x, *weights, config={"JOIN_PARTS": join}), x, *weights)
             for diff, precision in ((True, "ieee"), (True, "tf32x3"), (False, "tf32x3")):  # epilogue forms
                 cfg = {"LOGIT_DIFF": diff, "EPILOGUE_PRECISION": precision}
                 assert_decisions_match(router_mask(x, *weights, config=cfg), x, *weights)
