@@ -1,8 +1,8 @@
 """Diagnostic: the prefill gate/up GEMM with one 256-wide MMA per K step instead of two 128-wide ones (H200,
 Llama-3-8B shapes, 50% random masks).
 
-``templates/gemm_gated_up.py`` loads a group's gate and up weight tiles through two TMA descriptors and runs two
-``tl.dot`` calls per K step (two m64n128 wgmmas per warpgroup, each reading the same ``x`` tile from shared memory
+Until stop 24 ``templates/gemm_gated_up.py`` loaded a group's gate and up weight tiles through two TMA descriptors and
+ran two ``tl.dot`` calls per K step (two m64n128 wgmmas per warpgroup, each reading the same ``x`` tile from shared memory
 again). Here one 3-D TMA descriptor sees the two weights as ``[2, N, K]``: dimension 0's stride is the distance
 between the two weights' addresses (they need not share an allocation; TMA only computes addresses), so one box
 ``[2, BLOCK_N, BLOCK_K]`` brings both tiles, which Triton 3.6 reshapes in shared memory into one ``[256, BLOCK_K]``

@@ -9,6 +9,6 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
 # --show-capture=no: a failing test's captured logs (torch's trace logger writes thousands of DEBUG lines) would push
 # its traceback out of the tail
-PYTHONUNBUFFERED=1 timeout "${GPU_TESTS_TIMEOUT_S:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE \
+PYTHONUNBUFFERED=1 timeout "${GPU_TESTS_TIMEOUT_S:-540}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE \
   --show-capture=no --tb=short --durations=8 tests 2>&1 | grep -v -E "^(W|I)[0-9]{4} |^DEBUG " | tail -80 \
   | tee "$OUT/gpu_checks.log"
