@@ -33,7 +33,9 @@ HIDDEN, INTER, GROUP, BM, BN, BK = 4096, 14336, 128, 128, 128, 64
 @triton.jit
 def _probe_kernel(x_ptr, x_desc, wg_desc, wu_desc, h_ptr, tokens_ptr, counts_ptr, M, N, K,
                   T_TILES: tl.constexpr, GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PAIRED: tl.constexpr = False, UP_FIRST: tl.constexpr = False):
+    """``PAIRED`` (``gate_up_pair_probe.py``): ``wg_desc`` is a ``[2, N, K]`` descriptor over both weights and each K
+    step one MMA of ``2 * BLOCK_N`` columns (``UP_FIRST``: the up weight is its first slice)."""
     pid = tl.program_id(0)
     g = pid // T_TILES
     tile_start = (pid % T_TILES) * BLOCK_M
@@ -43,23 +45,82 @@ def _probe_kernel(x_ptr, x_desc, wg_desc, wu_desc, h_ptr, tokens_ptr, counts_ptr
         rows = tl.load(tokens_ptr + g.to(tl.int64) * M + offs_m, mask=offs_m < M, other=0).to(tl.int64)
         offs_k = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         n0 = g * BLOCK_N
-        for k in tl.range(0, K, BLOCK_K):
-            if GATHER:
+        if PAIRED:
+            acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+            for k in tl.range(0, K, BLOCK_K):
                 a = tl.load(x_ptrs + k)
+                acc = tl.dot(a, wg_desc.load([0, n0, k]).reshape(2 * BLOCK_N, BLOCK_K).T, acc)
+            first, second = acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1).split()
+            if UP_FIRST:
+                acc_g, acc_u = second, first
             else:
-                a = x_desc.load([tile_start, k])
-            bg = wg_desc.load([n0, k]).T
-            bu = wu_desc.load([n0, k]).T
-            acc_g = tl.dot(a, bg, acc_g)
-            acc_u = tl.dot(a, bu, acc_u)
+                acc_g, acc_u = first, second
+        else:
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in tl.range(0, K, BLOCK_K):
+                if GATHER:
+                    a = tl.load(x_ptrs + k)
+                else:
+                    a = x_desc.load([tile_start, k])
+                bg = wg_desc.load([n0, k]).T
+                bu = wu_desc.load([n0, k]).T
+                acc_g = tl.dot(a, bg, acc_g)
+                acc_u = tl.dot(a, bu, acc_u)
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         h = tl.where((offs_m < count)[:, None], h, 0.0)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         tl.store(h_ptr + rows[:, None] * N + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
                  mask=(offs_m < M)[:, None])
+
+
+class ProbeInputs:
+    """``m`` tokens of bf16 ``x``, three rotated (gate, up) weight pairs of Llama-3-8B's shape, a 50% random mask and
+    its per-group token lists, the output ``h`` and the probe kernel's descriptors (shared with
+    ``gate_up_pair_probe.py``)."""
+
+    def __init__(self, m: int):
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.m = m
+        self.x = torch.randn(m, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+        self.ws = [tuple((torch.randn(INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).to(torch.bfloat16)
+                         for _ in range(2)) for _ in range(3)]
+        self.mask = torch.rand(m, INTER // GROUP, device="cuda", generator=gen) < 0.5
+        plan = build_group_plan(self.mask, parts=("output",))
+        self.t, self.c = plan.group_tokens, plan.group_counts
+        self.h = torch.empty(m, INTER, device="cuda", dtype=torch.bfloat16)
+        self.x_desc = TensorDescriptor.from_tensor(self.x, [BM, BK])
+        self.descs = [tuple(TensorDescriptor.from_tensor(w, [BN, BK]) for w in pair) for pair in self.ws]
+        self.t_tiles = triton.cdiv(m, BM)
+        self.active = self.mask.repeat_interleave(GROUP, dim=-1)
+        self.flops = 2 * 2 * int(self.mask.sum()) * GROUP * HIDDEN  # gate and up over the active pairs
+
+    def library(self, w, config: dict | None = None) -> torch.Tensor:
+        return gated_up_gemm(self.x, w[0], w[1], self.t, self.c, GROUP, "silu", config=config)
+
+    def two_dots(self, d, gather: bool = True) -> None:
+        """The minimal kernel (two weight boxes, two MMAs per K step) into ``h``."""
+        _probe_kernel[(self.t_tiles * (INTER // GROUP),)](
+            self.x, self.x_desc, d[0], d[1], self.h, self.t, self.c, self.m, INTER, HIDDEN, T_TILES=self.t_tiles,
+            GATHER=gather, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=8, num_stages=4)
+
+    def one_dot(self, pair, stages: int) -> None:
+        """The minimal kernel with ``pair`` (``tma_weights.pair_descriptor``'s descriptor and order): one box and one
+        MMA per K step, into ``h``."""
+        _probe_kernel[(self.t_tiles * (INTER // GROUP),)](
+            self.x, self.x_desc, pair[0], pair[0], self.h, self.t, self.c, self.m, INTER, HIDDEN,
+            T_TILES=self.t_tiles, GATHER=True, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, PAIRED=True, UP_FIRST=pair[1],
+            num_warps=8, num_stages=stages)
+
+
+def timed_rounds(variants: dict, rounds: int) -> dict:
+    """µs per call of each variant (a list of thunks over the rotated weights), ``rounds`` interleaved rounds."""
+    samples = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, fns in variants.items():
+            samples[k].append(graph_time_per_call(fns) * 1e3)
+    return samples
 
 
 def main() -> None:
@@ -68,36 +129,21 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    m = args.tokens
-    x = torch.randn(m, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
-    ws = [tuple((torch.randn(INTER, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).to(torch.bfloat16)
-                for _ in range(2)) for _ in range(3)]
-    mask = torch.rand(m, INTER // GROUP, device="cuda", generator=gen) < 0.5
-    plan = build_group_plan(mask, parts=("output",))
-    t, c = plan.group_tokens, plan.group_counts
-    h = torch.empty(m, INTER, device="cuda", dtype=torch.bfloat16)
-    x_desc = TensorDescriptor.from_tensor(x, [BM, BK])
-    descs = [tuple(TensorDescriptor.from_tensor(w, [BN, BK]) for w in pair) for pair in ws]
-    t_tiles = triton.cdiv(m, BM)
+    inp = ProbeInputs(args.tokens)
+    m, ws, descs, h = inp.m, inp.ws, inp.descs, inp.h
 
     def probe(gather: bool, d) -> None:
-        _probe_kernel[(t_tiles * (INTER // GROUP),)](x, x_desc, d[0], d[1], h, t, c, m, INTER, HIDDEN,
-                                                      T_TILES=t_tiles, GATHER=gather, BLOCK_M=BM, BLOCK_N=BN,
-                                                      BLOCK_K=BK, num_warps=8, num_stages=4)
+        inp.two_dots(d, gather)
 
     probe(True, descs[0])
-    ref = gated_up_gemm(x, ws[0][0], ws[0][1], t, c, GROUP, "silu")
-    active = mask.repeat_interleave(GROUP, dim=-1)
+    ref = inp.library(ws[0])
+    active = inp.active
     err = float((h.float()[active] - ref.float()[active]).abs().max())
-    variants = {"library": [lambda w=w: gated_up_gemm(x, w[0], w[1], t, c, GROUP, "silu") for w in ws],
+    variants = {"library": [lambda w=w: inp.library(w) for w in ws],
                 "probe_gather": [lambda d=d: probe(True, d) for d in descs],
                 "probe_tma_rows_no_gather": [lambda d=d: probe(False, d) for d in descs]}
-    samples = {k: [] for k in variants}
-    for _ in range(args.rounds):
-        for k, fns in variants.items():
-            samples[k].append(graph_time_per_call(fns) * 1e3)  # µs per call
-    flops = 2 * 2 * int(mask.sum()) * GROUP * HIDDEN
+    samples = timed_rounds(variants, args.rounds)
+    flops = inp.flops
     result = {"command": "python3 benchmarks/gate_up_gather_probe.py " + " ".join(sys.argv[1:]),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tokens": m,

@@ -52,18 +52,14 @@ out["decode"] = kernel_stats(compile_sm90(
          INPUT_PRECISION="tf32", BLOCK_N=64, USE_GDC=False), ("qk_scale",), 4, 2))
 gemm = dict(BLOCK_M=128, BLOCK_K=64, EVEN_K=True, EVEN_N=True, GROUP_N=8, UPCAST=False, DOT_PRECISION="tf32",
             USE_TMA=True, WARP_SPECIALIZE=False, TAIL_SPLIT=2, ACTIVE_FIRST=0)
-out["gated_up_tma"] = kernel_stats(compile_sm90(
-    _gated_up_gemm_kernel,
-    {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
-     "wg_desc": "tensordesc<bf16[128, 64]>", "wu_desc": "tensordesc<bf16[128, 64]>"},
-    dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128, ACTIVE_FIRST=128, PAIRED=False,
-         UP_FIRST=False), (), 8, 4))
-out["gated_up_tma_paired"] = kernel_stats(compile_sm90(
-    _gated_up_gemm_kernel,
-    {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
-     "wg_desc": "tensordesc<bf16[2, 128, 64]>", "wu_desc": "tensordesc<bf16[2, 128, 64]>"},
-    dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128, ACTIVE_FIRST=128, PAIRED=True,
-         UP_FIRST=True), (), 8, 4))
+for name, paired in (("gated_up_tma", False), ("gated_up_tma_paired", True)):
+    box = "tensordesc<bf16[2, 128, 64]>" if paired else "tensordesc<bf16[128, 64]>"
+    out[name] = kernel_stats(compile_sm90(
+        _gated_up_gemm_kernel,
+        {"x_ptr": bf, "wg_ptr": bf, "wu_ptr": bf, "h_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
+         "wg_desc": box, "wu_desc": box},
+        dict(gemm, GROUP_SIZE=128, TILES_PER_GROUP=1, ACTIVATION=0, BLOCK_N=128, ACTIVE_FIRST=128, PAIRED=paired,
+             UP_FIRST=paired), (), 8, 4))
 query = {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32", "counts_ptr": "*i32",
          "w_desc": "tensordesc<bf16[256, 64]>", "cos_ptr": bf, "sin_ptr": bf}
 for name, rotary_dim in (("query_tma", 0), ("query_tma_rotary", 128)):
