@@ -215,6 +215,26 @@ def test_gated_up_gemm_reads_gate_and_up_through_one_descriptor(k, layout):
         # (bit-equal on the H200; the interpreter's fp32 matmuls of 2 x 64 and 64 columns may round differently)
         torch.testing.assert_close(outs[0], outs[2], rtol=2e-3, atol=2e-3)
     assert pair_descriptor(wg, wu[:, :64].contiguous(), 64, 64) is None  # shapes differ
+    assert pair_descriptor(wg.float(), wu.float(), 64, 64) is None  # TMA takes 16-bit weights only
+
+
+def test_gated_up_gemm_falls_back_to_two_boxes_past_the_stride_limit(k, monkeypatch):
+    """Weights farther apart than TMA's largest stride (2^40 bytes; here the limit lowered) get no pair descriptor,
+    and the GEMM runs its two boxes with the same results."""
+    from wide_compile.templates import tma_weights
+
+    gen = torch.Generator().manual_seed(14)
+    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
+    m, d, gs, n = 37, 64, 32, 96
+    both = (torch.randn(2, n, d, generator=gen) / 9).to(dtype)
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    mask = _mask("random", m, n // gs, gen)
+    assert tma_weights.pair_descriptor(both[0], both[1], 32, 64) is not None
+    monkeypatch.setattr(tma_weights, "_MAX_STRIDE_BYTES", n * d * 2)
+    assert tma_weights.pair_descriptor(both[0], both[1], 32, 64) is None
+    h = lin.gated_up_groups(x, both[0], both[1], mask, gs, "silu", path="gemm", config={"TMA": True},
+                            out=_poisoned((m, n), dtype))
+    _check(h, ref.gated_up_groups_reference(x, both[0], both[1], mask, gs, "silu"), dtype, mask, gs)
 
 
 def test_group_gemms_with_warp_specialized_k_loop(k):
