@@ -131,17 +131,13 @@ def main() -> None:
     args = p.parse_args()
     inp = ProbeInputs(args.tokens)
     m, ws, descs, h = inp.m, inp.ws, inp.descs, inp.h
-
-    def probe(gather: bool, d) -> None:
-        inp.two_dots(d, gather)
-
-    probe(True, descs[0])
+    inp.two_dots(descs[0])
     ref = inp.library(ws[0])
     active = inp.active
     err = float((h.float()[active] - ref.float()[active]).abs().max())
     variants = {"library": [lambda w=w: inp.library(w) for w in ws],
-                "probe_gather": [lambda d=d: probe(True, d) for d in descs],
-                "probe_tma_rows_no_gather": [lambda d=d: probe(False, d) for d in descs]}
+                "probe_gather": [lambda d=d: inp.two_dots(d) for d in descs],
+                "probe_tma_rows_no_gather": [lambda d=d: inp.two_dots(d, gather=False) for d in descs]}
     samples = timed_rounds(variants, args.rounds)
     flops = inp.flops
     result = {"command": "python3 benchmarks/gate_up_gather_probe.py " + " ".join(sys.argv[1:]),

@@ -1,9 +1,10 @@
 """Prefill fused gate/up GEMM over output groups: ``h = act(x @ Wg.T) * (x @ Wu.T)`` on active groups, else 0.
 
 Same tiling as ``gemm_output_groups`` (per-group reordered token lists, zero-only programs for fully
-inactive tiles, in-kernel row gather and scatter), with two accumulators: each program reads the same
-n tile of the gate and of the up weight, so ``x`` rows are loaded once for both products and the
-activation and product are applied in registers before the single store of ``h``.
+inactive tiles, in-kernel row gather and scatter), with both products per program: each program reads the same
+n tile of the gate and of the up weight (two accumulators, or with ``PAIRED`` one of twice the width), so ``x`` rows
+are loaded once for both products and the activation and product are applied in registers before the single store
+of ``h``.
 
 ``TMA``: the weight tiles come through Hopper's tensor memory accelerator (host-side ``TensorDescriptor``s; the
 gathered token rows stay pointer loads). The default from 512 tokens (256 since stop 24) where the descriptors are legal
