@@ -424,8 +424,9 @@ def query_tile_sweeps(ms: tuple = (4096,)) -> list:
 def paired_sweeps(ms: tuple = (256, 512, 1024, 2048, 4096, 8192, 16384)) -> list:
     """The prefill gate/up GEMM with the gate and up tiles in one TMA box and one MMA per K step (``PAIRED``, the
     default with TMA since stop 24) against two boxes and two MMAs (``PAIRED=False``) at the default tiles; below 2048
-    tokens also TMA + ``PAIRED`` on narrower or shorter tiles (256-511 tokens default to pointer loads), and from 8192
-    4 stages against the default 3 (``kernels_linear_sweep_paired.json``)."""
+    tokens also TMA + ``PAIRED`` on narrower or shorter tiles (256-511 tokens defaulted to pointer loads when the
+    committed sweep ran; that sweep made TMA their default), and from 8192 4 stages against the default 3
+    (``kernels_linear_sweep_paired.json``)."""
     from wide_compile.templates.gemm_gated_up import default_config
 
     sweeps = []
