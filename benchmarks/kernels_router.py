@@ -29,7 +29,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels_linear import bench_graph  # noqa: E402
 
-from wide_compile.templates.router_mask import router_mask  # noqa: E402
+from wide_compile.templates.router_mask import router_mask, split_router_weights  # noqa: E402
 from wide_compile.templates.router_mask_reference import router_mask_reduction, router_mask_reference  # noqa: E402
 from wide_compile.templates.router_one_token import router_one_token  # noqa: E402
 
@@ -184,6 +184,49 @@ def sweep_configs(gen: torch.Generator, path: str, meta: dict, shapes: tuple = P
     return rows
 
 
+PRESPLIT_SHAPES = ((4096, 112, 4096), (4096, 8, 4096), (4096, 112, 16384), (4096, 112, 1024), (576, 12, 4096))
+PRESPLIT_CONFIGS = [{}, dict(BLOCK_K=128), dict(BLOCK_K=128, num_stages=4), dict(SPLIT=8),
+                    dict(BLOCK_M=128, num_warps=8, num_stages=4),
+                    dict(BLOCK_M=128, BLOCK_K=128, num_warps=8, num_stages=4)]
+
+
+def sweep_presplit(gen: torch.Generator, path: str, meta: dict, rounds: int) -> list[dict]:
+    """W_in's two bf16 parts made once (``split_router_weights``, ``w_parts=``) instead of per K step in registers:
+    the default kernel against the pre-split one at ``PRESPLIT_CONFIGS`` (interleaved rounds, medians), and the
+    split itself per router (eager, and compiled by Inductor as a model's graph would run it)."""
+    rows = []
+    for hidden, groups, m in PRESPLIT_SHAPES:
+        xs, ws = operands(m, hidden, groups, gen)
+        parts = [split_router_weights(w[0], torch.bfloat16) for w in ws]
+        ref = router_mask_reference(xs[0], *ws[0])
+        torch._dynamo.reset()
+        split_compiled = torch.compile(split_router_weights, dynamic=False)
+        fns = {"default": [lambda x=x, w=w: router_mask(x, *w) for x, w in zip(xs, ws)],
+               "split_eager": [lambda w=w: split_router_weights(w[0], torch.bfloat16) for w in ws],
+               "split_compiled": [lambda w=w: split_compiled(w[0], torch.bfloat16) for w in ws]}
+        for i, cfg in enumerate(PRESPLIT_CONFIGS):
+            fns[f"presplit{i}"] = [lambda x=x, w=w, p=p, cfg=cfg: router_mask(x, *w, config=cfg, w_parts=p)
+                                   for x, w, p in zip(xs, ws, parts)]
+        samples = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, calls in fns.items():
+                samples[k].append(bench_graph(calls))
+        for k in fns:
+            row = {"M": m, "H": hidden, "G": groups, "variant": k, "us": statistics.median(samples[k]),
+                   "rounds_us": samples[k]}
+            if k.startswith("presplit"):
+                cfg = PRESPLIT_CONFIGS[int(k[8:])]
+                row["config"] = cfg
+                mask = router_mask(xs[0], *ws[0], config=cfg, w_parts=parts[0])
+                row["differ"] = (mask != ref).float().mean().item()
+            rows.append(row)
+            print(f"presplit H={hidden} G={groups} M={m}: {k:15s} {row['us']:7.1f} us {row.get('config', '')} "
+                  f"differ {row.get('differ', '')}", flush=True)
+        with open(path, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return rows
+
+
 ONE_TOKEN_CONFIGS = [dict(block_h=bh, num_warps=w) for bh in (1024, 4096) for w in (4, 8)]
 
 
@@ -248,13 +291,15 @@ def main() -> None:
                         "split / stages at 4096 tokens, H = 4096 (kernels_router_sweep_tiles.json)")
     parser.add_argument("--sweep-large", action="store_true", help="only the best tiles of the earlier sweeps at "
                         "4096-16384 tokens, H = 4096 (use with --rounds; kernels_router_sweep_large.json)")
+    parser.add_argument("--sweep-presplit", action="store_true", help="only W_in split once (w_parts=) against the "
+                        "default, and the split's own time (kernels_router_sweep_presplit.json)")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of a sweep (median reported)")
     parser.add_argument("--one-token", action="store_true", help="only the one-token kernels against the default "
                         "one-token form (kernels_router_one_token.json)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the unfused path is an fp32 GEMM, as in the model
     gen = torch.Generator().manual_seed(0)
-    only = next((name for name in (*SWEEPS, "one_token") if getattr(args, name)), None)
+    only = next((name for name in (*SWEEPS, "one_token", "sweep_presplit") if getattr(args, name)), None)
     flags = (" --" + only.replace("_", "-") if only else "") + (" --sweep-decode" if args.sweep_decode and not only
                                                                else "")
     flags += f" --rounds {args.rounds}" if args.rounds > 1 else ""
@@ -265,6 +310,9 @@ def main() -> None:
     if only in SWEEPS:
         shapes, configs = SWEEPS[only]
         sweep_configs(gen, os.path.join(args.out, f"kernels_router_{only}.json"), meta, shapes, configs, args.rounds)
+        return
+    if only == "sweep_presplit":
+        sweep_presplit(gen, os.path.join(args.out, "kernels_router_sweep_presplit.json"), meta, args.rounds)
         return
     if only == "one_token":
         one_token(gen, meta, os.path.join(args.out, "kernels_router_one_token.json"))

@@ -32,6 +32,9 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
    ``wide.fuse_query_rope`` backend option).
 8. The mask's row order, when a joined q / k / v op and its core read the same mask of one sequence (prefill-sized
    inference graphs): ``wide::group_rows`` once, passed to both (``row_order_sharing``).
+9. Each prefill-sized ``wide::router_mask`` of 5 on CUDA gets its ``W_in`` split into two 16-bit parts, computed once
+   per forward at the top of the graph instead of per K step inside the kernel (``router_weight_split``; the
+   ``wide.presplit_routers`` backend option).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
@@ -57,6 +60,7 @@ from .dense_siblings import fuse_dense_siblings
 from .query_rope_epilogue import move_query_rotations
 from .row_order_sharing import share_row_orders
 from .router_lowering import lower_router_decisions
+from .router_weight_split import split_router_weights_once
 from .torch_patterns import (
     activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank, wide_op_name,
 )
@@ -221,7 +225,8 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
 
 
 def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token_routers: str = "reduction",
-                        dense_siblings: bool = True, query_rope: bool = True) -> LoweringResult:
+                        dense_siblings: bool = True, query_rope: bool = True,
+                        presplit_routers: bool = True) -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
     ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the
@@ -229,7 +234,9 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
     (``passes/router_lowering.py``). ``dense_siblings``: last, join each lowered query projection and the dense
     linears of its input (key, value) into one op (``passes/dense_siblings.py``; inference graphs only).
     ``query_rope``: then move each query's rotary embedding into that op (``passes/query_rope_epilogue.py``). With
-    ``dense_siblings`` each such op and its attention core share one row order (``passes/row_order_sharing.py``)."""
+    ``dense_siblings`` each such op and its attention core share one row order (``passes/row_order_sharing.py``).
+    ``presplit_routers``: prefill-sized router ops on CUDA read ``W_in``'s 16-bit parts, made once per forward
+    (``passes/router_weight_split.py``)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:
@@ -260,6 +267,10 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
         row_orders = share_row_orders(gm.graph)
         if row_orders:
             result.lowered["shared_row_order"] = row_orders
+    if fuse_routers and presplit_routers:
+        split = split_router_weights_once(gm.graph)
+        if split:
+            result.lowered["router_weight_split"] = split
     gm.graph.lint()
     gm.recompile()
     return result

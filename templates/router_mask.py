@@ -50,7 +50,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _router_mask_kernel(
-        x_ptr, w_in_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
+        x_ptr, w_in_ptr, w2_ptr, b_in_ptr, w_out_ptr, b_out_ptr, out_ptr, ws_ptr, counter_ptr,
         M, H, R, G, stride_xm,
         SPLIT: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -60,6 +60,7 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         W_SPLIT3: tl.constexpr,
         W_PARTS: tl.constexpr,
+        PRESPLIT: tl.constexpr,
         LOGIT_DIFF: tl.constexpr,
         EPILOGUE_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
@@ -80,17 +81,26 @@ if HAS_TRITON:
         k_begin = split * k_len
         k_stop = tl.minimum(H, k_begin + k_len)
         x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + (k_begin + offs_k)[None, :]
-        w_ptrs = w_in_ptr + offs_r.to(tl.int64)[None, :] * H + (k_begin + offs_k)[:, None]
+        w_ptrs = (w2_ptr if PRESPLIT else w_in_ptr) + offs_r.to(tl.int64)[None, :] * H + (k_begin + offs_k)[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        acc_mid = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
         for k in range(k_begin, k_stop, BLOCK_K):
             if EVEN_K:
                 xt = tl.load(x_ptrs, mask=valid_m[:, None], other=0.0)
                 wt = tl.load(w_ptrs, mask=valid_r[None, :], other=0.0)
+                if PRESPLIT:
+                    wt_mid = tl.load(w_ptrs + R * H, mask=valid_r[None, :], other=0.0)
             else:
                 k_ok = (k + offs_k) < k_stop
                 xt = tl.load(x_ptrs, mask=valid_m[:, None] & k_ok[None, :], other=0.0)
                 wt = tl.load(w_ptrs, mask=k_ok[:, None] & valid_r[None, :], other=0.0)
-            if W_SPLIT3:  # tensor cores: x (16-bit) times W_in = hi + mid (+ lo: fp32-exact products) in x's dtype
+                if PRESPLIT:
+                    wt_mid = tl.load(w_ptrs + R * H, mask=k_ok[:, None] & valid_r[None, :], other=0.0)
+            if PRESPLIT:  # the two 16-bit parts of W_in, split once outside (split_router_weights); two
+                # accumulators: independent products, so the MMAs of one step need not wait for each other
+                acc = tl.dot(xt, wt, acc)
+                acc_mid = tl.dot(xt, wt_mid, acc_mid)
+            elif W_SPLIT3:  # tensor cores: x (16-bit) times W_in = hi + mid (+ lo: fp32-exact products) in x's dtype
                 w_hi = wt.to(xt.dtype)
                 rest = wt - w_hi.to(tl.float32)
                 w_mid = rest.to(xt.dtype)
@@ -103,6 +113,8 @@ if HAS_TRITON:
                 acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
+        if PRESPLIT:
+            acc += acc_mid
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -161,6 +173,13 @@ SMALL_TOKENS_WIDE = 128
 # tokens 34.6 -> 30.8 (112 groups); 16384 tokens 57.3 -> 49.2 (112 groups), 52.3 -> 46.4 (8 groups). At 4096 tokens
 # it lost (21.2 -> 22.7 and 18.0 -> 20.8), so the 64-wide steps stay there.
 LARGE_TOKENS = 8192
+# With W_in's two parts made once per forward (``w_parts``, passes/router_weight_split.py) the loop reads two 16-bit
+# tiles and keeps two accumulators, so its MMAs need not wait for each other. H200, µs, H = 4096 unless said, default
+# kernel -> pre-split with these tiles (``results/kernels_router_sweep_presplit.json``, 3 interleaved rounds):
+# 4096 tokens 21.3 -> 16.8 (112 groups), 17.9 -> 14.6 (8 groups), H = 576 8.1 -> 6.2 (K steps of 128, 4 stages);
+# 16384 tokens 49.0 -> 42.8 (K steps of 128, 3 stages); 1024 tokens 15.9 -> 11.2 (8 splits of H, K steps of 64,
+# 3 stages). Between the measured sizes the nearest rule applies (not measured at 2048 or 8192 tokens).
+PRESPLIT_TILES = {"split_below": 2048, "split": 8}
 # The epilogue's logits from h[BLOCK_M, R] (fp32): two products (skip and execute columns, compared) or one product
 # with the difference of the columns (``LOGIT_DIFF``: half the work; rounding differs from the reference's only on
 # near-ties), as fp32 FMA (``"ieee"``) or on tensor cores with three TF32 products (``"tf32x3"``, about fp32's error).
@@ -182,12 +201,16 @@ def _block_g(groups: int) -> int:
     return min(64, max(16, next_pow2(groups)))
 
 
-def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, device: torch.device) -> dict:
-    """Default launch configuration (the keys :func:`router_mask` accepts in ``config``)."""
+def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, device: torch.device,
+                       presplit: bool = False) -> dict:
+    """Default launch configuration (the keys :func:`router_mask` accepts in ``config``); ``presplit``: for ``W_in``'s
+    parts read as they are (``w_parts``, see ``PRESPLIT_TILES``)."""
     block_r = max(16, next_pow2(rank))
     if interpreting():  # ~1 ms per program and loop step: few, large tiles
         block_m = 16 if num_tokens <= DECODE_TOKENS else 32
         return dict(BLOCK_M=block_m, BLOCK_K=64, BLOCK_G=32, SPLIT=1, num_warps=4, num_stages=1, W_SPLIT3=None)
+    if presplit and num_tokens > (SMALL_TOKENS if hidden < 2048 else SMALL_TOKENS_WIDE):
+        return _presplit_config(num_tokens, hidden, block_r, groups)
     if num_tokens <= DECODE_TOKENS:
         block_m, block_k, block_g, stages = 16, 128, min(128, max(16, next_pow2(groups))), 2
     elif num_tokens <= (SMALL_TOKENS if hidden < 2048 else SMALL_TOKENS_WIDE):  # 16-token tiles, ~1 program per SM
@@ -201,6 +224,15 @@ def router_mask_config(num_tokens: int, hidden: int, rank: int, groups: int, dev
     block_k = max(16, min(block_k, 8192 // block_r, next_pow2(hidden)))  # bounded W_in tile
     return dict(BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_G=block_g, SPLIT=0, num_warps=4, num_stages=stages,
                 W_SPLIT3=None)
+
+
+def _presplit_config(num_tokens: int, hidden: int, block_r: int, groups: int) -> dict:
+    """64-token tiles with ``W_in``'s parts read as they are (see ``PRESPLIT_TILES``)."""
+    small, mid = num_tokens < PRESPLIT_TILES["split_below"], num_tokens < LARGE_TOKENS
+    block_k = max(16, min(64 if small else 128, 8192 // block_r, next_pow2(hidden)))
+    split = PRESPLIT_TILES["split"] if small and hidden >= 2048 else 0
+    return dict(BLOCK_M=64 if block_r <= 64 else 16, BLOCK_K=block_k, BLOCK_G=_block_g(groups), SPLIT=split,
+                num_warps=4, num_stages=4 if mid and not small else 3, W_SPLIT3=None)
 
 
 def _w_parts(parts: int) -> int:
@@ -240,13 +272,37 @@ def _use_kernel(x: torch.Tensor, w_in: torch.Tensor) -> bool:
     return w_in.dtype == torch.float32 and can_run_triton(x)
 
 
+def split_router_weights(w_in: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[2, R, H]``: ``W_in``'s two parts in ``dtype`` (``hi = W_in.to(dtype)``, ``mid = (W_in - hi).to(dtype)``), the
+    ``w_parts`` argument of :func:`router_mask`: what ``W_SPLIT3`` with two parts makes per K step in registers."""
+    hi = w_in.to(dtype)
+    return torch.stack([hi, (w_in - hi.to(w_in.dtype)).to(dtype)])
+
+
+def check_w_parts(w_parts: torch.Tensor, x: torch.Tensor, w_in: torch.Tensor) -> None:
+    """Raise a ValueError unless ``w_parts`` can be :func:`split_router_weights` of ``w_in`` for ``x``: ``[2, R, H]`` in
+    ``x``'s 16-bit dtype on ``x``'s device, ``W_in`` fp32."""
+    rank, hidden = w_in.shape
+    if (tuple(w_parts.shape) != (2, rank, hidden) or w_parts.dtype != x.dtype or w_parts.device != x.device
+            or x.dtype not in (torch.bfloat16, torch.float16) or w_in.dtype != torch.float32):
+        raise ValueError(f"router_mask: w_parts must be [2, {rank}, {hidden}] in x's 16-bit dtype on {x.device} "
+                         f"(split_router_weights of an fp32 W_in), got {tuple(w_parts.shape)} {w_parts.dtype} on "
+                         f"{w_parts.device} (x {x.dtype}, W_in {w_in.dtype})")
+
+
 def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor,
-                config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                config: dict | None = None, out: torch.Tensor | None = None,
+                w_parts: torch.Tensor | None = None) -> torch.Tensor:
     """``mask[..., G]`` (dtype of ``w_in``, values 0.0 / 1.0) equal to :func:`router_mask_reference` except on
     near-ties (``|l1 - l0|`` at fp32 rounding level). ``config`` overrides :func:`router_mask_config` keys
-    (``SPLIT = 0``: automatic); ``out`` (contiguous ``[..., G]``) receives the mask. Runs the reference where
-    Triton cannot run (CPU without ``TRITON_INTERPRET=1``) and for fp16 / bf16 router weights."""
+    (``SPLIT = 0``: automatic); ``out`` (contiguous ``[..., G]``) receives the mask. ``w_parts``
+    (:func:`split_router_weights` of ``w_in`` in ``x``'s 16-bit dtype, made once per forward for all routers by
+    ``passes/router_weight_split.py``) replaces the split of ``W_in`` per K step where the kernel would make it
+    (``W_SPLIT3``, two parts); elsewhere it is checked and not used, so the result never depends on it. Runs the
+    reference where Triton cannot run (CPU without ``TRITON_INTERPRET=1``) and for fp16 / bf16 router weights."""
     check_router_mask_args(x, w_in, b_in, w_out, b_out)
+    if w_parts is not None:
+        check_w_parts(w_parts, x, w_in)
     hidden, rank, groups = x.shape[-1], w_in.shape[0], w_out.shape[0] // 2
     lead = x.shape[:-1]
     if out is not None and (out.shape != (*lead, groups) or out.dtype != w_in.dtype or out.device != x.device
@@ -264,6 +320,10 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
     if num_tokens == 0:
         return mask
     cfg = dict(router_mask_config(num_tokens, hidden, rank, groups, x.device), **(config or {}))
+    split3 = _split_weights(x2, num_tokens, cfg.get("W_SPLIT3"))
+    presplit = w_parts is not None and split3 and _w_parts(cfg.get("W_PARTS", 2)) == 2
+    if presplit:
+        cfg = dict(router_mask_config(num_tokens, hidden, rank, groups, x.device, presplit=True), **(config or {}))
     block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
     tiles = cdiv(num_tokens, block_m)
     split = int(cfg.get("SPLIT", 0))
@@ -277,7 +337,8 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
     else:
         ws, counters = mask, mask  # unused
     _router_mask_kernel[(tiles * split,)](
-        x2, w_in.contiguous(), b_in.contiguous(), w_out.contiguous(), b_out.contiguous(), mask, ws, counters,
+        x2, w_in.contiguous(), w_parts.contiguous() if presplit else w_in, b_in.contiguous(), w_out.contiguous(),
+        b_out.contiguous(), mask, ws, counters,
         num_tokens, hidden, rank, groups, x2.stride(0),
         SPLIT=split,
         BLOCK_M=block_m,
@@ -285,8 +346,9 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
         BLOCK_R=block_r,
         BLOCK_G=cfg["BLOCK_G"],
         EVEN_K=hidden % (block_k * split) == 0,
-        W_SPLIT3=_split_weights(x2, num_tokens, cfg.get("W_SPLIT3")),
+        W_SPLIT3=split3,
         W_PARTS=_w_parts(cfg.get("W_PARTS", 2)),
+        PRESPLIT=presplit,
         LOGIT_DIFF=bool(cfg.get("LOGIT_DIFF", EPILOGUE["LOGIT_DIFF"])),
         EPILOGUE_PRECISION=_epilogue_precision(cfg.get("EPILOGUE_PRECISION", EPILOGUE["EPILOGUE_PRECISION"])),
         num_warps=cfg["num_warps"],

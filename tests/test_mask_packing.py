@@ -79,3 +79,28 @@ def test_masks_of_different_token_shapes_stay_on_their_blocks():
     pack_masks(state)
     assert state.packed_masks is None and a.mask is not None and b.mask is not None
     assert wide_compile.realized_masks(model)[b.key].shape == (3, b.groups)
+
+
+def test_many_masks_are_joined_in_chunks_equal_to_one_cat():
+    """More than ``CHUNK`` masks: a cat of chunk cats (fewer copy kernels under Inductor), equal to one cat, the layout
+    and views unchanged; random 0 / 1 masks of different group counts."""
+    from wide_compile.passes import mask_packing
+
+    from wide_compile.testing.tiny_models import tiny_config
+
+    config = tiny_config("llama")
+    config.num_hidden_layers = 5  # 10 routed blocks > CHUNK
+    from transformers import LlamaForCausalLM
+
+    model = wide_compile.apply(LlamaForCausalLM(config).eval(), sparsity=0.5, ffn_group_size=32)
+    state = get_state(model)
+    assert len(state.blocks) > mask_packing.CHUNK
+    gen = torch.Generator().manual_seed(3)
+    masks = [(torch.rand(2, 7, b.groups, generator=gen) < 0.5).float() for b in state.blocks]
+    for block, mask in zip(state.blocks, masks):
+        block.mask = mask
+    pack_masks(state)
+    assert torch.equal(state.packed_masks, torch.cat(masks, dim=-1))
+    for block, mask in zip(state.blocks, masks):
+        assert torch.equal(state.packed(block.key), mask)
+    assert torch.equal(mask_packing._join(masks[:3]), torch.cat(masks[:3], dim=-1))

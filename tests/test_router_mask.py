@@ -468,8 +468,9 @@ def test_hand_written_router_patterns():
 @pytest.mark.parametrize("groups", [8, 112])
 def test_gpu_llama3_8b_router_shapes(groups):
     """H=4096, R=32, bf16 x: M in {1, 8, 32, 1000, 4096, 16384} (decode split, small and prefill tiles), the op,
-    all-execute / all-skip, bit-identical repeated calls (fixed-order split sum), and replay in a CUDA graph."""
-    from wide_compile.templates.router_mask import router_mask
+    W_in's parts made once (``w_parts``, with their own tiles), all-execute / all-skip, bit-identical repeated calls
+    (fixed-order split sum), and replay in a CUDA graph."""
+    from wide_compile.templates.router_mask import DECODE_TOKENS, router_mask, split_router_weights
 
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must not use TF32
@@ -486,6 +487,13 @@ def test_gpu_llama3_8b_router_shapes(groups):
                 assert_decisions_match(router_mask(x, *weights, config={"SPLIT": split}), x, *weights)
             for choice in (True, False):  # bf16 split of W_in on tensor cores / fp32 FMA
                 assert_decisions_match(router_mask(x, *weights, config={"W_SPLIT3": choice}), x, *weights)
+            parts, unsplit = split_router_weights(weights[0], torch.bfloat16), mask.clone()
+            presplit = router_mask(x, *weights, w_parts=parts, out=out.fill_(float("nan")))
+            assert_decisions_match(presplit, x, *weights)
+            assert torch.equal(router_mask_op(x, *weights, w_parts=parts), presplit)
+            assert torch.equal(router_mask(x, *weights, w_parts=parts), presplit)  # deterministic
+            if m <= DECODE_TOKENS:  # no in-register split there: the parts are not read
+                assert torch.equal(presplit, unsplit)
             for diff, precision in ((True, "ieee"), (True, "tf32x3"), (False, "tf32x3")):  # epilogue forms
                 cfg = {"LOGIT_DIFF": diff, "EPILOGUE_PRECISION": precision}
                 assert_decisions_match(router_mask(x, *weights, config=cfg), x, *weights)
@@ -506,3 +514,96 @@ def test_gpu_llama3_8b_router_shapes(groups):
             assert_decisions_match(static_mask, static_x, *weights)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+
+
+# ----------------------------------------------------------------------------------------------- W_in split once
+@pytest.mark.parametrize("m, split", [(17, 1), (40, 3), (70, 2)])
+@pytest.mark.parametrize("bias", ["random", "execute", "skip"])
+def test_template_reads_presplit_weight_parts(rm, m, split, bias):
+    """``w_parts`` (W_in's two fp16 parts made once) read instead of the in-register split: decisions equal the fp32
+    reference except on near-ties, outputs poisoned first; where the kernel would not split (``DECODE_TOKENS`` or
+    fewer tokens, ``W_SPLIT3`` off) the parts are checked and ignored: bit-equal to the call without them."""
+    x = tokens((m, 200), torch.float16, seed=m)
+    weights = router_weights(200, 20, 40, bias=bias, seed=m)
+    parts = rm.split_router_weights(weights[0], torch.float16)
+    assert parts.shape == (2, 20, 200) and parts.dtype == torch.float16
+    assert (parts[0].float() + parts[1].float() - weights[0]).abs().max() <= weights[0].abs().max() * 2.0**-20
+    out = torch.full((m, 40), float("nan"))
+    mask = rm.router_mask(x, *weights, config={"SPLIT": split}, out=out, w_parts=parts)
+    if bias == "random":
+        assert_decisions_match(mask, x, *weights)
+        assert 0 < mask.mean() < 1
+    else:
+        assert torch.equal(mask, torch.full_like(mask, 1.0 if bias == "execute" else 0.0))
+    unsplit = rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": False}, w_parts=parts)
+    assert torch.equal(unsplit, rm.router_mask(x, *weights, config={"SPLIT": split, "W_SPLIT3": False}))
+    few = x[:rm.DECODE_TOKENS]
+    assert torch.equal(rm.router_mask(few, *weights, w_parts=parts), rm.router_mask(few, *weights))
+
+
+def test_presplit_weight_parts_bad_input(rm):
+    x = tokens((40, 96), torch.float16)
+    w_in, b_in, w_out, b_out = router_weights(96, 32, 8)
+    good = rm.split_router_weights(w_in, torch.float16)
+    for bad, why in ((good[:1], "shape"), (good.float(), "dtype"), (good.transpose(1, 2), "shape"),
+                     (rm.split_router_weights(w_in, torch.bfloat16), "dtype")):
+        with pytest.raises(ValueError, match="w_parts must be \\[2, 32, 96\\] in x's 16-bit dtype"):
+            rm.router_mask(x, w_in, b_in, w_out, b_out, w_parts=bad)
+        with pytest.raises(ValueError, match="w_parts must be"):
+            router_mask_op(x, w_in, b_in, w_out, b_out, w_parts=bad)
+    with pytest.raises(ValueError, match="w_parts must be"):  # fp32 x: nothing to split for
+        router_mask_op(x.float(), w_in, b_in, w_out, b_out, w_parts=good)
+    ref = router_mask_reference(x, w_in, b_in, w_out, b_out)
+    assert torch.equal(router_mask_op(x, w_in, b_in, w_out, b_out, w_parts=good), ref)  # CPU op: the reference
+
+
+def _split_nodes(gm):
+    """(By name: the interpreter fixture above re-imports the template module, so function identities differ.)"""
+    return [n for n in gm.graph.nodes
+            if n.op == "call_function" and getattr(n.target, "__name__", "") == "split_router_weights"]
+
+
+@pytest.mark.parametrize("tokens_per_row, expected", [(40, 4), (8, 0)])
+def test_router_weights_split_once_per_forward(monkeypatch, tokens_per_row, expected):
+    """bf16 model, prefill-sized graph: every router_mask reads ``w_parts``, the splits sit together before the first
+    router, logits equal eager exactly (the CPU op checks the parts and runs the reference); a decode-sized graph (16
+    tokens) and ``wide.presplit_routers=False`` get none; the option must be a bool."""
+    from wide_compile.passes import router_weight_split
+
+    monkeypatch.setattr(router_weight_split, "DEVICES", ("cuda", "cpu"))
+    model = tiny_wide_llama(torch.bfloat16)
+    ids = torch.randint(3, 120, (2, tokens_per_row))
+    for option in (True, False):
+        torch._dynamo.reset()
+        wide_compile.backend.reset_compile_report()
+        options = {"wide.inner": "eager", "wide.presplit_routers": option}
+        with torch.no_grad():
+            actual = torch.compile(model, backend="wide", options=options)(ids, use_cache=False).logits
+            expected_logits = model(ids, use_cache=False).logits
+        assert torch.equal(actual, expected_logits)
+        (graph,) = wide_compile.compile_report(model).graphs
+        gm, want = graph.graph_module, expected if option else 0
+        assert graph.lowered.get("router_weight_split", 0) == want, str(graph.lowered)
+        routers, splits = router_mask_nodes(gm), _split_nodes(gm)
+        assert len(routers) == 4 and len(splits) == want
+        assert sum(r.kwargs.get("w_parts") is not None for r in routers) == want
+        if want:
+            order = {n: i for i, n in enumerate(gm.graph.nodes)}
+            positions = sorted(order[s] for s in splits)
+            assert positions == list(range(positions[0], positions[0] + want))  # together
+            assert positions[-1] < min(order[r] for r in routers)
+            assert {r.kwargs["w_parts"] for r in routers} == set(splits)
+    with pytest.raises(ValueError, match="'wide.presplit_routers' must be a bool"):
+        wide_compile.backend.parse_settings(None, {"wide.presplit_routers": "yes"})
+
+
+def test_fp32_routers_inputs_get_no_split(monkeypatch):
+    """fp32 model: the kernel multiplies in fp32 (no 16-bit parts), so no split is inserted."""
+    from wide_compile.passes import router_weight_split
+
+    monkeypatch.setattr(router_weight_split, "DEVICES", ("cuda", "cpu"))
+    model = tiny_wide_llama(torch.float32)
+    ids = torch.randint(3, 120, (2, 40))
+    actual, expected, report = compiled_logits(model, ids)
+    assert torch.equal(actual, expected)
+    assert "router_weight_split" not in report.graphs[0].lowered and not _split_nodes(report.graphs[0].graph_module)

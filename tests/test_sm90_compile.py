@@ -25,6 +25,7 @@ from wide_compile.templates.attention_decode import _decode_split_kernel
 from wide_compile.templates.attention_prefill import _prefill_kernel
 from wide_compile.templates.gemm_gated_up import _gated_up_gemm_kernel
 from wide_compile.templates.gemm_output_groups import _output_groups_gemm_kernel
+from wide_compile.templates.router_mask import _router_mask_kernel
 
 bf = "*bf16"
 out = {}
@@ -65,6 +66,12 @@ query = {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "tokens_ptr": "*i32
 for name, rotary_dim in (("query_tma", 0), ("query_tma_rotary", 128)):
     out[name] = kernel_stats(compile_sm90(_output_groups_gemm_kernel, query, dict(
         gemm, GROUP_SIZE=512, TILES_PER_GROUP=2, HAS_BIAS=False, ROTARY_DIM=rotary_dim, BLOCK_N=256), (), 8, 4))
+router = {"x_ptr": bf, "w_in_ptr": "*fp32", "w2_ptr": bf, "b_in_ptr": "*fp32", "w_out_ptr": "*fp32",
+          "b_out_ptr": "*fp32", "out_ptr": "*fp32", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+for name, presplit, block_k, stages in (("router_4k", False, 64, 3), ("router_4k_presplit", True, 128, 4)):
+    out[name] = kernel_stats(compile_sm90(_router_mask_kernel, router, dict(
+        SPLIT=1, BLOCK_M=64, BLOCK_K=block_k, BLOCK_R=32, BLOCK_G=64, EVEN_K=True, W_SPLIT3=True, W_PARTS=2,
+        PRESPLIT=presplit, LOGIT_DIFF=True, EPILOGUE_PRECISION="tf32x3", USE_GDC=False), (), 4, stages))
 print("RESULT " + json.dumps(out))
 '''
 
@@ -113,6 +120,13 @@ def test_paired_gate_up_runs_one_mma_per_k_step_for_both_weights(stats):
     two, one = stats["gated_up_tma"], stats["gated_up_tma_paired"]
     assert one["wgmma"] * 2 == two["wgmma"] and one["tma"] * 2 == two["tma"], (two, one)
     assert one["smem"] <= two["smem"], (two, one)
+
+
+def test_router_reads_presplit_weight_parts_through_the_pipeline(stats):
+    """With ``W_in``'s 16-bit parts made once (``PRESPLIT``) the router's K loop multiplies them on the tensor cores, as
+    the in-register split does (its K steps of 128 hold more MMAs than the split's steps of 64); no spills (above)."""
+    split, presplit = stats["router_4k"], stats["router_4k_presplit"]
+    assert split["wgmma"] > 0 and presplit["wgmma"] > split["wgmma"], (split, presplit)
 
 
 def test_rotary_epilogue_keeps_the_query_gemm_in_its_shared_memory(stats):

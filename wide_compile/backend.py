@@ -48,7 +48,9 @@ Arguments that reach the backend:
   ``"wide.fuse_dense_siblings"`` (bool, default True: each lowered query projection and the dense linears of its
   input, the key and value projections, become one op, one GEMV launch at decode; ``passes/dense_siblings.py``) and
   ``"wide.fuse_query_rope"`` (bool, default True: in prefill-sized inference graphs that op also applies the
-  query's rotary embedding, inside its GEMM; ``passes/query_rope_epilogue.py``).
+  query's rotary embedding, inside its GEMM; ``passes/query_rope_epilogue.py``) and ``"wide.presplit_routers"``
+  (bool, default True: prefill-sized router kernels on CUDA read ``W_in``'s two 16-bit parts, made once per forward
+  at the top of the graph, instead of splitting ``W_in`` at every K step; ``passes/router_weight_split.py``).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
   options (``torch._inductor.list_mode_options(mode)``).
 - Inductor defaults the backend changes (``inductor_defaults()``, overridden by ``options``): ``combo_kernels=True``
@@ -89,7 +91,7 @@ def inductor_defaults() -> dict:
     that importing wide_compile loads neither Inductor nor Triton)."""
     return {**INDUCTOR_DEFAULTS, **cache_key_options()}
 _OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers", "wide.one_token_routers", "wide.fuse_dense_siblings",
-                "wide.fuse_query_rope")
+                "wide.fuse_query_rope", "wide.presplit_routers")
 
 
 class WideBackendWarning(UserWarning):
@@ -105,6 +107,7 @@ class BackendSettings:
     one_token_routers: str = "reduction"
     fuse_dense_siblings: bool = True
     fuse_query_rope: bool = True
+    presplit_routers: bool = True
 
 
 def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
@@ -120,8 +123,10 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     fuse_routers = own.get("wide.fuse_routers", True)
     siblings = own.get("wide.fuse_dense_siblings", True)
     query_rope = own.get("wide.fuse_query_rope", True)
+    presplit = own.get("wide.presplit_routers", True)
     for name, value in (("wide.rewrite", rewrite), ("wide.fuse_routers", fuse_routers),
-                        ("wide.fuse_dense_siblings", siblings), ("wide.fuse_query_rope", query_rope)):
+                        ("wide.fuse_dense_siblings", siblings), ("wide.fuse_query_rope", query_rope),
+                        ("wide.presplit_routers", presplit)):
         if not isinstance(value, bool):
             raise ValueError(f"wide backend: option {name!r} must be a bool, got {value!r}")
     from wide_compile.passes.router_lowering import ONE_TOKEN_FORMS
@@ -142,7 +147,7 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     if bad:
         raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
     inductor_options = {**inductor_defaults(), **list_mode_options(mode or "default"), **options}
-    return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings, query_rope)
+    return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings, query_rope, presplit)
 
 
 _warned_plain = False
@@ -189,7 +194,8 @@ def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None 
         _warn_plain_once()
     rewrite = settings.rewrite and wide_ops
     result = (lower_wide_patterns(gm, fuse_routers=settings.fuse_routers, one_token_routers=settings.one_token_routers,
-                                  dense_siblings=settings.fuse_dense_siblings, query_rope=settings.fuse_query_rope)
+                                  dense_siblings=settings.fuse_dense_siblings, query_rope=settings.fuse_query_rope,
+                                  presplit_routers=settings.presplit_routers)
               if rewrite else LoweringResult())
     compiled = _inner_compile(gm, example_inputs, settings)
     compile_id = torch._guards.CompileContext.current_compile_id()

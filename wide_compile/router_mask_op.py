@@ -41,22 +41,35 @@ def fused_for(tokens: int, x_dtype: torch.dtype) -> bool:
     return FUSED_TOKENS[0] <= tokens <= FUSED_TOKENS[1] or (tokens > FUSED_TOKENS[1] and x_dtype in SPLIT_DTYPES)
 
 
+def _check_parts(x: Tensor, w_in: Tensor, w_parts: Tensor | None) -> None:
+    if w_parts is not None:
+        from wide_compile.templates.router_mask import check_w_parts
+
+        check_w_parts(w_parts, x, w_in)
+
+
 @torch.library.custom_op("wide::router_mask", mutates_args=())
-def router_mask(x: Tensor, w_in: Tensor, b_in: Tensor, w_out: Tensor, b_out: Tensor) -> Tensor:
-    """Hard router decision ``mask[..., G]`` (see module docstring); the reference on non-CUDA devices."""
+def router_mask(x: Tensor, w_in: Tensor, b_in: Tensor, w_out: Tensor, b_out: Tensor,
+                w_parts: Tensor | None = None) -> Tensor:
+    """Hard router decision ``mask[..., G]`` (see module docstring); the reference on non-CUDA devices. ``w_parts``:
+    ``W_in``'s two 16-bit parts made once per forward (``passes/router_weight_split.py``), which the CUDA kernel
+    reads instead of splitting ``W_in`` itself; checked, and never changing the result."""
+    _check_parts(x, w_in, w_parts)
     return _reference().router_mask_reference(x, w_in, b_in, w_out, b_out)
 
 
 @router_mask.register_fake
-def _(x, w_in, b_in, w_out, b_out):
+def _(x, w_in, b_in, w_out, b_out, w_parts=None):
     _reference().check_router_mask_args(x, w_in, b_in, w_out, b_out)
+    _check_parts(x, w_in, w_parts)
     return x.new_empty((*x.shape[:-1], w_out.shape[0] // 2), dtype=w_in.dtype)
 
 
 @router_mask.register_kernel("cuda")
-def router_mask_kernel(x, w_in, b_in, w_out, b_out):
+def router_mask_kernel(x, w_in, b_in, w_out, b_out, w_parts=None):
     """The template path where :func:`fused_for` says so, else the reference (registered for CUDA; callable on CPU under
     ``TRITON_INTERPRET=1`` for tests)."""
+    _check_parts(x, w_in, w_parts)
     tokens = x.numel() // max(1, x.shape[-1]) if x.dim() else 1
     if tokens == 1:
         from wide_compile.templates.router_one_token import router_one_token
@@ -66,7 +79,7 @@ def router_mask_kernel(x, w_in, b_in, w_out, b_out):
         return _reference().router_mask_reference(x, w_in, b_in, w_out, b_out)
     from wide_compile.templates.router_mask import router_mask as template
 
-    return template(x, w_in, b_in, w_out, b_out)
+    return template(x, w_in, b_in, w_out, b_out, w_parts=w_parts)
 
 
 def _no_gradient(ctx, grad):
