@@ -7,7 +7,8 @@ Shapes are small and ragged (token counts, N, K, head counts and key lengths tha
 the masked edges of every kernel run; the same case also checks the result against the PyTorch reference (a
 sanitizer run that computes garbage would be no check). Paths: the decode GEMVs (split-K; the output-group one also
 with two dense linears in the same launch), the prefill GEMMs with
-token reordering, the fused gate/up, the input-group GEMM, the router decision (decode split, tensor-core split),
+token reordering, the fused gate/up, the input-group GEMM, the router decision (decode split, tensor-core split,
+W_in's parts made once),
 mask extents, and attention prefill (causal, explicit mask: both passes) and decode (split-KV, explicit mask); and
 one sequence's shared row order (``wide::group_rows``): the query GEMM walking it as its lists with the rotary
 epilogue, the prefill attention walking it as its row order.
@@ -29,7 +30,7 @@ from wide_compile.templates.attention_compact import compact_active_rows
 from wide_compile.templates.attention_mask_extents import mask_extents, mask_extents_reference
 from wide_compile.templates.group_plan import plan_from_row_order
 from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
-from wide_compile.templates.router_mask import router_mask
+from wide_compile.templates.router_mask import router_mask, split_router_weights
 from wide_compile.templates.router_mask_reference import router_logits_reference, router_mask_reference
 from wide_compile.templates.rotary_epilogue import rotate_reference
 from wide_compile.templates.router_one_token import router_one_token
@@ -95,6 +96,10 @@ def router_cases(gen, tokens_list) -> list[bool]:
         x = _randn(m, h, gen=gen)
         runs = [(f"router_mask M={m} {cfg}", lambda cfg=cfg: router_mask(x, w_in, b_in, w_out, b_out, config=cfg))
                 for cfg in ({}, {"W_SPLIT3": True}, {"SPLIT": 3})]
+        parts = split_router_weights(w_in, x.dtype)  # W_in's 16-bit parts made once (PRESPLIT)
+        runs += [(f"router_mask M={m} presplit {cfg}",
+                  lambda cfg=cfg: router_mask(x, w_in, b_in, w_out, b_out, config=cfg, w_parts=parts))
+                 for cfg in ({}, {"W_SPLIT3": True})]
         if m == 1:
             runs.append(("router_one_token", lambda: router_one_token(x, w_in, b_in, w_out, b_out, block_h=256)))
         for name, run in runs:

@@ -35,6 +35,9 @@ Patterns (``gm = wide::group_mask``; every rewrite keeps the graph's values and 
 9. Each prefill-sized ``wide::router_mask`` of 5 on CUDA gets its ``W_in`` split into two 16-bit parts, computed once
    per forward at the top of the graph instead of per K step inside the kernel (``router_weight_split``; the
    ``wide.presplit_routers`` backend option).
+10. A residual connection after a prefill-sized output / down projection on CUDA, ``r + masked_input_linear(...)``
+   -> ``wide::masked_input_linear_add_(r, ...)``: the GEMM adds ``r`` in its epilogue, in place
+   (``residual_add_fusion``; the ``wide.fuse_residual_adds`` backend option).
 
 Anything else (other activations, biased gate/up, fused gate_up weights, Conv1D ``addmm`` projections, a
 ``group_mask`` whose value is also used elsewhere) stays as it is and runs on the generic path; the result
@@ -60,6 +63,7 @@ from .dense_siblings import fuse_dense_siblings
 from .query_rope_epilogue import move_query_rotations
 from .row_order_sharing import share_row_orders
 from .router_lowering import lower_router_decisions
+from .residual_add_fusion import fuse_residual_adds
 from .router_weight_split import split_router_weights_once
 from .torch_patterns import (
     activation_name, arg, is_group_mask, is_linear, is_mul, same_dtype_and_device, tensor_rank, wide_op_name,
@@ -226,7 +230,7 @@ def lower_masked_linears(graph: fx.Graph, result: LoweringResult, skip: set[fx.N
 
 def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token_routers: str = "reduction",
                         dense_siblings: bool = True, query_rope: bool = True,
-                        presplit_routers: bool = True) -> LoweringResult:
+                        presplit_routers: bool = True, residual_adds: bool = True) -> LoweringResult:
     """Run the rewrites on ``gm`` in place (graph nodes only; placeholders untouched) and recompile it.
 
     ``fuse_routers``: also replace noise-free router decisions by ``wide::router_mask`` (one Triton launch) where the
@@ -236,7 +240,8 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
     ``query_rope``: then move each query's rotary embedding into that op (``passes/query_rope_epilogue.py``). With
     ``dense_siblings`` each such op and its attention core share one row order (``passes/row_order_sharing.py``).
     ``presplit_routers``: prefill-sized router ops on CUDA read ``W_in``'s 16-bit parts, made once per forward
-    (``passes/router_weight_split.py``)."""
+    (``passes/router_weight_split.py``). ``residual_adds``: prefill-sized output / down projections on CUDA add
+    the residual connection after them in their GEMM (``passes/residual_add_fusion.py``)."""
     result = LoweringResult()
     skip = autocast_region_nodes(gm.graph)
     if fuse_routers:
@@ -271,6 +276,10 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
         split = split_router_weights_once(gm.graph)
         if split:
             result.lowered["router_weight_split"] = split
+    if residual_adds:
+        added = fuse_residual_adds(gm.graph)
+        if added:
+            result.lowered["residual_add"] = added
     gm.graph.lint()
     gm.recompile()
     return result

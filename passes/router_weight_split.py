@@ -13,8 +13,9 @@ never cached: a cache would go stale under CUDA graphs when the router weights c
 ``load_state_dict``). The splits sit together after the last weight they read, so Inductor can run them as a few
 combo kernels (``combo_kernels``, a backend default) instead of one launch per router.
 
-Only where the kernel would split (static token count above ``DECODE_TOKENS``, ``x`` bf16 / fp16, ``W_in`` fp32, a
-CUDA device): elsewhere the op would not read the parts. ``wide::router_mask`` checks that ``w_parts`` fits ``W_in``
+Only where the kernel would split (``x`` bf16 / fp16, ``W_in`` fp32, a CUDA device) and the split was measured to pay:
+a static token count of at least ``MIN_TOKENS`` (measured at 1024, 4096 and 16384 tokens; below, decode steps of up
+to 128 tokens keep the in-register split, whose per-forward split would cost about as much as it saves). ``wide::router_mask`` checks that ``w_parts`` fits ``W_in``
 and ``x`` (shape, dtype, device) and otherwise raises; its result does not depend on them.
 """
 from __future__ import annotations
@@ -24,11 +25,12 @@ import math
 import torch
 from torch import fx
 
-from wide_compile.templates.router_mask import DECODE_TOKENS, split_router_weights
+from wide_compile.templates.router_mask import split_router_weights
 
 from .torch_patterns import example_value
 
 SPLIT_DTYPES = (torch.bfloat16, torch.float16)
+MIN_TOKENS = 1024  # (see module docstring)
 DEVICES = ("cuda",)  # device types whose router kernel splits W_in (tests add "cpu": the op there checks the parts)
 
 
@@ -40,7 +42,7 @@ def _wants_parts(node: fx.Node, devices: tuple[str, ...]) -> bool:
     if x is None or w_in is None or x.dim() < 1:
         return False
     sizes = x.shape[:-1]
-    if not all(isinstance(d, int) for d in sizes) or math.prod(sizes) <= DECODE_TOKENS:
+    if not all(isinstance(d, int) for d in sizes) or math.prod(sizes) < MIN_TOKENS:
         return False
     return (x.dtype in SPLIT_DTYPES and w_in.dtype == torch.float32 and w_in.dim() == 2
             and x.device.type in devices and w_in.device == x.device)

@@ -273,8 +273,14 @@ def input_group_linear(
     config: dict | None = None,
     out: torch.Tensor | None = None,
     x_is_masked: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``y[..., N] = (x * mask expanded over K) @ W.T + b`` (each token reduces over its active groups).
+
+    ``residual`` (the output's shape, ``x``'s dtype, contiguous; not with ``out``): ``y`` is added into it in place and
+    it is returned. On the cuBLAS path that is one GEMM with ``beta = 1`` (``addmm_``), whose epilogue reads the
+    residual, instead of a GEMM writing ``y`` and an addition reading it back (``passes/residual_add_fusion.py``); its
+    rounding differs from ``residual + y`` by at most one unit in the last place.
 
     ``x_is_masked=True`` promises that ``x`` is already exactly 0 outside each token's active groups
     (true for ``h`` from ``gated_up_groups`` with the same mask); the kernels then skip the per-token
@@ -292,18 +298,26 @@ def input_group_linear(
     op = "input_group_linear"
     _check(op, x, {"weight": weight}, mask, group_size, "K", bias, plan, path)
     out2 = _check_out(op, out, x, weight.shape[0])
+    if residual is not None:
+        if out is not None:
+            raise ValueError(f"{op}: pass out or residual, not both")
+        _check_out(op + " (residual)", residual, x, weight.shape[0])
     if not can_run_triton(x) or group_size % 16:
-        return _finish(input_group_linear_reference(x, weight, mask, group_size, bias), out)
+        y = input_group_linear_reference(x, weight, mask, group_size, bias)
+        return residual.add_(y) if residual is not None else _finish(y, out)
     lead, k_dim, n_dim = x.shape[:-1], x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k_dim).contiguous()
     weight = weight.contiguous()
     bias = bias.contiguous() if bias is not None else None
     if x2.shape[0] == 0:
-        return x.new_empty(*lead, n_dim) if out is None else out
+        return residual if residual is not None else x.new_empty(*lead, n_dim) if out is None else out
     m_rows = mask_rows(mask)
     num_tokens = x2.shape[0]
     if path == "auto" and num_tokens > DECODE_MAX_TOKENS:
         path, plan = _choose_prefill_input_path(plan, mask, num_tokens, x_is_masked)
+    if path == "dense" and residual is not None:  # one GEMM whose epilogue adds the residual (beta = 1)
+        residual.view(-1, n_dim).addmm_(x2 if x_is_masked else _mask_input(x2, m_rows, group_size), weight.t())
+        return residual if bias is None else residual.add_(bias)
     if path == "dense":
         y = F.linear(x2 if x_is_masked else _mask_input(x2, m_rows, group_size), weight, bias)
     elif _use_gemv(path, num_tokens):
@@ -322,4 +336,6 @@ def input_group_linear(
             x2, weight, bias, m_rows, p.token_order, p.tile_groups, p.tile_group_counts, group_size, p.block_m,
             x_is_masked, config=config, out=out2,
         )
+    if residual is not None:
+        return residual.add_(y.reshape(*lead, n_dim))
     return _finish(y.reshape(*lead, n_dim), out)

@@ -18,6 +18,8 @@ Programs: a 2-D grid of (``BLOCK_M`` token tile) x (``SPLIT`` slices of H). Each
   and changed at most 9e-6 of the decisions at H=4096 (8e-5 at H=576, G=3), all near-ties
   (``benchmarks/results/kernels_router_sweep_parts.json``). An fp32 FMA GEMM (``ieee``) ran at about 5 TFLOP/s here:
   198 us per router at 4096 tokens on the H200.
+  With ``w_parts`` (``PRESPLIT``: the two parts made once per forward by ``passes/router_weight_split.py``) the loop
+  reads them as 16-bit tiles instead and keeps one accumulator per part (``PRESPLIT_TILES``).
 - otherwise (fp32 ``x``, decode) fp32 ``tl.dot`` with ``input_precision="ieee"`` (no TF32).
  With ``SPLIT > 1`` (decode: M <= 16 reads all of W_in, 512 KB at H=4096, R=32, which one
 program would read latency-bound) every program stores its partial in a workspace and increments the tile's arrival

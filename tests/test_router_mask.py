@@ -566,11 +566,12 @@ def _split_nodes(gm):
 @pytest.mark.parametrize("tokens_per_row, expected", [(40, 4), (8, 0)])
 def test_router_weights_split_once_per_forward(monkeypatch, tokens_per_row, expected):
     """bf16 model, prefill-sized graph: every router_mask reads ``w_parts``, the splits sit together before the first
-    router, logits equal eager exactly (the CPU op checks the parts and runs the reference); a decode-sized graph (16
-    tokens) and ``wide.presplit_routers=False`` get none; the option must be a bool."""
+    router, logits equal eager exactly (the CPU op checks the parts and runs the reference); a graph of 16 tokens (below
+    ``MIN_TOKENS``, 32 here) and ``wide.presplit_routers=False`` get none; the option must be a bool."""
     from wide_compile.passes import router_weight_split
 
     monkeypatch.setattr(router_weight_split, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(router_weight_split, "MIN_TOKENS", 32)
     model = tiny_wide_llama(torch.bfloat16)
     ids = torch.randint(3, 120, (2, tokens_per_row))
     for option in (True, False):
@@ -602,6 +603,7 @@ def test_fp32_routers_inputs_get_no_split(monkeypatch):
     from wide_compile.passes import router_weight_split
 
     monkeypatch.setattr(router_weight_split, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(router_weight_split, "MIN_TOKENS", 32)
     model = tiny_wide_llama(torch.float32)
     ids = torch.randint(3, 120, (2, 40))
     actual, expected, report = compiled_logits(model, ids)

@@ -581,3 +581,30 @@ def test_output_groups_with_dense_falls_back_and_checks(k):
         fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa.float()], [None])
     with pytest.raises(ValueError, match="2 dense weights but 1 dense biases"):
         fused.output_group_linear_with_dense(x, w, mask, 32, None, [wa, wa], [None])
+
+
+@pytest.mark.parametrize("tokens, path", [(40, "dense"), (3, "gemv"), (40, "gemm"), (3, "auto"), (40, "auto")])
+@pytest.mark.parametrize("bias", [False, True])
+def test_input_group_linear_adds_into_a_residual(k, tokens, path, bias):
+    """``residual=``: the product added into it in place on every path (cuBLAS's ``addmm_`` for "dense", the union
+    GEMV, the skipping GEMM), equal to ``residual + y``; with 0 tokens it is returned unchanged; ``out`` and
+    ``residual`` together, or a residual of the wrong shape / dtype, are refused."""
+    lin = k["group_linear"]
+    gen = torch.Generator().manual_seed(tokens)
+    gs, kd, n = 16, 64, 48
+    mask = _mask("random", tokens, kd // gs, gen).float()
+    x = torch.randn(tokens, kd, generator=gen) * mask.repeat_interleave(gs, dim=-1)
+    w = torch.randn(n, kd, generator=gen) / kd**0.5
+    b = torch.randn(n, generator=gen) if bias else None
+    residual = torch.randn(tokens, n, generator=gen)
+    expected = residual + lin.input_group_linear(x, w, mask, gs, b, path=path, x_is_masked=True)
+    buffer = residual.clone()
+    assert lin.input_group_linear(x, w, mask, gs, b, path=path, x_is_masked=True, residual=buffer) is buffer
+    torch.testing.assert_close(buffer, expected, rtol=1e-5, atol=1e-5)
+    empty = torch.zeros(0, n)
+    assert lin.input_group_linear(torch.zeros(0, kd), w, torch.zeros(0, kd // gs), gs, residual=empty) is empty
+    with pytest.raises(ValueError, match="pass out or residual, not both"):
+        lin.input_group_linear(x, w, mask, gs, out=buffer.clone(), residual=buffer)
+    for bad in (buffer[:, :10], buffer.double()):
+        with pytest.raises((ValueError, TypeError), match="residual"):
+            lin.input_group_linear(x, w, mask, gs, residual=bad)

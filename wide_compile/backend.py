@@ -50,7 +50,9 @@ Arguments that reach the backend:
   ``"wide.fuse_query_rope"`` (bool, default True: in prefill-sized inference graphs that op also applies the
   query's rotary embedding, inside its GEMM; ``passes/query_rope_epilogue.py``) and ``"wide.presplit_routers"``
   (bool, default True: prefill-sized router kernels on CUDA read ``W_in``'s two 16-bit parts, made once per forward
-  at the top of the graph, instead of splitting ``W_in`` at every K step; ``passes/router_weight_split.py``).
+  at the top of the graph, instead of splitting ``W_in`` at every K step; ``passes/router_weight_split.py``) and
+  ``"wide.fuse_residual_adds"`` (bool, default True: a residual connection after a prefill-sized output / down
+  projection on CUDA is added by that projection's GEMM, in place; ``passes/residual_add_fusion.py``).
   ``torch.compile`` accepts ``mode`` or ``options``, not both; to combine them pass the mode's settings as
   options (``torch._inductor.list_mode_options(mode)``).
 - Inductor defaults the backend changes (``inductor_defaults()``, overridden by ``options``): ``combo_kernels=True``
@@ -91,7 +93,7 @@ def inductor_defaults() -> dict:
     that importing wide_compile loads neither Inductor nor Triton)."""
     return {**INDUCTOR_DEFAULTS, **cache_key_options()}
 _OWN_OPTIONS = ("wide.rewrite", "wide.inner", "wide.fuse_routers", "wide.one_token_routers", "wide.fuse_dense_siblings",
-                "wide.fuse_query_rope", "wide.presplit_routers")
+                "wide.fuse_query_rope", "wide.presplit_routers", "wide.fuse_residual_adds")
 
 
 class WideBackendWarning(UserWarning):
@@ -108,6 +110,7 @@ class BackendSettings:
     fuse_dense_siblings: bool = True
     fuse_query_rope: bool = True
     presplit_routers: bool = True
+    fuse_residual_adds: bool = True
 
 
 def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
@@ -124,9 +127,10 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     siblings = own.get("wide.fuse_dense_siblings", True)
     query_rope = own.get("wide.fuse_query_rope", True)
     presplit = own.get("wide.presplit_routers", True)
+    residual_adds = own.get("wide.fuse_residual_adds", True)
     for name, value in (("wide.rewrite", rewrite), ("wide.fuse_routers", fuse_routers),
                         ("wide.fuse_dense_siblings", siblings), ("wide.fuse_query_rope", query_rope),
-                        ("wide.presplit_routers", presplit)):
+                        ("wide.presplit_routers", presplit), ("wide.fuse_residual_adds", residual_adds)):
         if not isinstance(value, bool):
             raise ValueError(f"wide backend: option {name!r} must be a bool, got {value!r}")
     from wide_compile.passes.router_lowering import ONE_TOKEN_FORMS
@@ -147,7 +151,8 @@ def parse_settings(mode: str | None, options: dict | None) -> BackendSettings:
     if bad:
         raise ValueError(f"wide backend: unknown Inductor option(s) {bad} (see torch._inductor.config)")
     inductor_options = {**inductor_defaults(), **list_mode_options(mode or "default"), **options}
-    return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings, query_rope, presplit)
+    return BackendSettings(rewrite, inner, inductor_options, fuse_routers, one_token, siblings, query_rope, presplit,
+                           residual_adds)
 
 
 _warned_plain = False
@@ -195,7 +200,8 @@ def wide_backend(gm: fx.GraphModule, example_inputs: Sequence, mode: str | None 
     rewrite = settings.rewrite and wide_ops
     result = (lower_wide_patterns(gm, fuse_routers=settings.fuse_routers, one_token_routers=settings.one_token_routers,
                                   dense_siblings=settings.fuse_dense_siblings, query_rope=settings.fuse_query_rope,
-                                  presplit_routers=settings.presplit_routers)
+                                  presplit_routers=settings.presplit_routers,
+                                  residual_adds=settings.fuse_residual_adds)
               if rewrite else LoweringResult())
     compiled = _inner_compile(gm, example_inputs, settings)
     compile_id = torch._guards.CompileContext.current_compile_id()

@@ -7,6 +7,9 @@
     ``x_is_masked=True``: ``y = linear(x, weight, bias)``; the caller guarantees that ``x`` is already 0 in each
     token's inactive groups (``x`` comes from ``wide::gated_up_groups`` with the same mask), so ``mask`` is only a
     sparsity hint for the kernel and gets no gradient from this op.
+- ``wide::masked_input_linear_add_(residual, x, mask, weight, bias, group_size, x_is_masked=False)``
+    ``residual += masked_input_linear(x, mask, weight, bias, group_size, x_is_masked)`` in place (inference only:
+    no autograd formula; ``passes/residual_add_fusion.py`` inserts it where a residual connection follows).
 - ``wide::gated_up_groups(x, w_gate, w_up, mask, group_size, activation) -> h[..., I]``
     ``h = group_mask(act(linear(x, w_gate)) * linear(x, w_up), mask, group_size)``; ``activation`` is ``"silu"``,
     ``"gelu"`` or ``"gelu_tanh"``.
@@ -128,6 +131,61 @@ def _mil_backward(ctx, grad):
 
 
 masked_input_linear.register_autograd(_mil_backward, setup_context=_mil_setup)
+
+
+@torch.library.custom_op("wide::masked_input_linear_add_", mutates_args=("residual",))
+def masked_input_linear_add_(
+    residual: Tensor, x: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, group_size: int,
+    x_is_masked: bool = False,
+) -> None:
+    """``residual += masked_input_linear(x, mask, weight, bias, group_size, x_is_masked)``, in place: a residual
+    connection after an output or down projection (``passes/residual_add_fusion.py``; inference graphs only, no
+    gradient). On CUDA's cuBLAS path the GEMM adds the residual in its epilogue (``templates.input_group_linear``'s
+    ``residual``)."""
+    _check_residual(residual, x, weight)
+    residual.add_(masked_input_linear(x, mask, weight, bias, group_size, x_is_masked))
+
+
+def _check_residual(residual: Tensor, x: Tensor, weight: Tensor) -> None:
+    shape = (*x.shape[:-1], weight.shape[0])
+    if tuple(residual.shape) != shape or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"masked_input_linear_add_: residual must be {x.dtype} of shape {shape} on {x.device}, got "
+                         f"{residual.dtype} {tuple(residual.shape)} on {residual.device}")
+
+
+@masked_input_linear_add_.register_fake
+def _(residual, x, mask, weight, bias, group_size, x_is_masked=False):
+    _check_group_size("masked_input_linear_add_", x.shape[-1], mask, group_size)
+    _check_residual(residual, x, weight)
+
+
+def _mila_no_gradient(residual, x, mask, weight, bias, group_size, x_is_masked=False):
+    """Autograd kernel: a clear error where a gradient would be needed (an in-place op has no autograd formula
+    here; the pass inserts it only in inference graphs), else the op below autograd."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (residual, x, mask, weight, bias)):
+        raise RuntimeError(
+            "wide::masked_input_linear_add_ has no gradient: it is the inference form of a projection followed by a "
+            "residual connection (passes/residual_add_fusion.py inserts it only where nothing needs a gradient); "
+            "use wide::masked_input_linear and an addition for training")
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.wide.masked_input_linear_add_.default(residual, x, mask, weight, bias, group_size,
+                                                                x_is_masked)
+
+
+_AUTOGRAD = torch.library.Library("wide", "IMPL")  # kept alive: the registration lasts as long as this object
+_AUTOGRAD.impl("masked_input_linear_add_", _mila_no_gradient, "Autograd")
+
+
+@masked_input_linear_add_.register_kernel("cuda")
+def masked_input_linear_add_kernel(residual, x, mask, weight, bias, group_size, x_is_masked=False):
+    """The template path with the residual added in place (registered for CUDA)."""
+    _check_residual(residual, x, weight)
+    if not _kernel_ok(x, weight, bias, residual) or not residual.is_contiguous():
+        residual.add_(masked_input_linear_kernel(x, mask, weight, bias, group_size, x_is_masked))
+        return
+    from wide_compile.templates import input_group_linear
+
+    input_group_linear(x, weight, mask, group_size, bias, x_is_masked=x_is_masked, residual=residual)
 
 # ------------------------------------------------------------------------------------ gated_up_groups
 
