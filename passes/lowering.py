@@ -81,6 +81,11 @@ class LoweringResult:
     def count(self, op: str) -> None:
         self.lowered[op] = self.lowered.get(op, 0) + 1
 
+    def record(self, op: str, calls: int) -> None:
+        """``lowered[op] = calls`` when a pass inserted any."""
+        if calls:
+            self.lowered[op] = calls
+
 
 @dataclass
 class GatedMatch:
@@ -251,35 +256,24 @@ def lower_wide_patterns(gm: fx.GraphModule, fuse_routers: bool = True, one_token
     attention, reasons = lower_attention_queries(gm.graph, skip)  # first: it reads the attention group_masks
     result.lowered.update(attention)
     result.generic.extend(reasons)
-    shared = share_mask_extents(gm.graph)
-    if shared:
-        result.lowered["attn_mask_extents"] = shared
+    result.record("attn_mask_extents", share_mask_extents(gm.graph))
     lower_gated_mlps(gm.graph, result, skip)
     lower_masked_linears(gm.graph, result, skip)
     if dense_siblings:
         fused, sibling_reasons = fuse_dense_siblings(gm.graph, skip)
-        if fused:
-            result.lowered["output_group_linear_with_dense"] = fused
+        result.record("output_group_linear_with_dense", fused)
         result.generic.extend(sibling_reasons)
     tables = realize_rotary_tables(gm.graph)
     if tables:
         result.stored["rotary tables"] = tables
     if dense_siblings and query_rope:
-        moved = move_query_rotations(gm.graph)
-        if moved:
-            result.lowered["query_rope_epilogue"] = moved
+        result.record("query_rope_epilogue", move_query_rotations(gm.graph))
     if dense_siblings:
-        row_orders = share_row_orders(gm.graph)
-        if row_orders:
-            result.lowered["shared_row_order"] = row_orders
+        result.record("shared_row_order", share_row_orders(gm.graph))
     if fuse_routers and presplit_routers:
-        split = split_router_weights_once(gm.graph)
-        if split:
-            result.lowered["router_weight_split"] = split
+        result.record("router_weight_split", split_router_weights_once(gm.graph))
     if residual_adds:
-        added = fuse_residual_adds(gm.graph)
-        if added:
-            result.lowered["residual_add"] = added
+        result.record("residual_add", fuse_residual_adds(gm.graph))
     gm.graph.lint()
     gm.recompile()
     return result

@@ -69,12 +69,26 @@ class Capture:
         return gm.forward
 
 
-def capture(fn, *args):
+def capture(fn, *args, grad: bool = True):
     torch._dynamo.reset()
     cap = Capture()
-    torch.compile(fn, backend=cap, fullgraph=True)(*args)
+    with torch.set_grad_enabled(grad):
+        torch.compile(fn, backend=cap, fullgraph=True)(*args)
     assert len(cap.graphs) == 1
     return cap.graphs[0], cap.inputs[0]
+
+
+def compiled_and_eager(model, ids, options: dict, grad: bool = False):
+    """(compiled logits, eager logits, the compile report's one graph) of ``model(ids, use_cache=False)`` through the
+    wide backend with the inner compiler ``eager`` and ``options``."""
+    torch._dynamo.reset()
+    wide_compile.backend.reset_compile_report()
+    with torch.set_grad_enabled(grad):
+        actual = torch.compile(model, backend="wide", options={"wide.inner": "eager", **options})(
+            ids, use_cache=False).logits
+        expected = model(ids, use_cache=False).logits
+    (graph,) = wide_compile.compile_report(model).graphs
+    return actual, expected, graph
 
 
 def targets(gm) -> list:

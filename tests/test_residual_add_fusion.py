@@ -25,7 +25,7 @@ from wide_compile.passes import residual_add_fusion  # noqa: E402
 from wide_compile.passes.lowering import lower_wide_patterns  # noqa: E402
 from wide_compile.passes.torch_patterns import wide_op_names  # noqa: E402
 from wide_compile.testing.tiny_models import tiny_config  # noqa: E402
-from test_backend import Capture  # noqa: E402
+from test_backend import capture, compiled_and_eager  # noqa: E402
 
 fused_op = torch.ops.wide.masked_input_linear_add_.default
 linear_op = torch.ops.wide.masked_input_linear.default
@@ -91,17 +91,6 @@ def _tiny_bf16_llama(layers=2):
     return wide_compile.apply(model, sparsity=0.5, ffn_group_size=32)
 
 
-def _compile_report(model, ids, options, grad=False):
-    torch._dynamo.reset()
-    wide_compile.backend.reset_compile_report()
-    with torch.set_grad_enabled(grad):
-        actual = torch.compile(model, backend="wide", options={"wide.inner": "eager", **options})(
-            ids, use_cache=False).logits
-        expected = model(ids, use_cache=False).logits
-    (graph,) = wide_compile.compile_report(model).graphs
-    return actual, expected, graph
-
-
 @pytest.mark.parametrize("tokens, fused", [(40, 4), (8, 0)])
 def test_prefill_graphs_add_every_residual_in_the_projection(monkeypatch, tokens, fused):
     """2 layers: attention output and down projection per layer -> 4 in-place ops, no plain projection left, logits
@@ -111,7 +100,7 @@ def test_prefill_graphs_add_every_residual_in_the_projection(monkeypatch, tokens
     model = _tiny_bf16_llama()
     ids = torch.randint(3, 120, (2, tokens))
     for option in (True, False):
-        actual, expected, graph = _compile_report(model, ids, {"wide.fuse_residual_adds": option})
+        actual, expected, graph = compiled_and_eager(model, ids, {"wide.fuse_residual_adds": option})
         assert torch.equal(actual, expected)
         want = fused if option else 0
         assert graph.lowered.get("residual_add", 0) == want, graph.lowered
@@ -125,23 +114,15 @@ def test_not_on_cpu_by_default_nor_with_gradients(monkeypatch):
     model = _tiny_bf16_llama()
     ids = torch.randint(3, 120, (2, 40))
     monkeypatch.setattr(residual_add_fusion, "MIN_TOKENS", 32)
-    _, _, graph = _compile_report(model, ids, {})
+    _, _, graph = compiled_and_eager(model, ids, {})
     assert "residual_add" not in graph.lowered  # DEVICES is CUDA only
     _on_cpu_from(monkeypatch, 32)
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
-    actual, expected, graph = _compile_report(model.eval(), ids, {}, grad=True)
+    actual, expected, graph = compiled_and_eager(model.eval(), ids, {}, grad=True)
     assert "residual_add" not in graph.lowered
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
-
-
-def _capture(fn, *args):
-    torch._dynamo.reset()
-    cap = Capture()
-    with torch.no_grad():
-        torch.compile(fn, backend=cap, fullgraph=True)(*args)
-    return cap.graphs[0], cap.inputs[0]
 
 
 def test_hand_written_graphs(monkeypatch):
@@ -169,7 +150,7 @@ def test_hand_written_graphs(monkeypatch):
         return (linear_op(x, m, w, None, gs, False) + s) * 3.0
 
     for fn, want in ((from_input, 0), (read_later, 0), (biased, 0), (fusable, 1)):
-        gm, inputs = _capture(fn, residual, x, mask, weight)
+        gm, inputs = capture(fn, residual, x, mask, weight, grad=False)
         expected = gm(*inputs)
         result = lower_wide_patterns(gm)
         assert result.lowered.get("residual_add", 0) == want, (fn.__name__, result.lowered)
@@ -224,7 +205,7 @@ def test_gpu_projection_adds_the_residual(monkeypatch):
     logits = {}
     for option in (True, False):
         torch._dynamo.reset()
-        wide_compile.backend.reset_compile_report()
+        wide_compile.backend.resetcompiled_and_eager()
         with torch.no_grad():
             logits[option] = torch.compile(model, backend="wide", options={"wide.fuse_residual_adds": option})(
                 ids, use_cache=False).logits.float()

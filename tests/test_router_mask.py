@@ -30,7 +30,7 @@ from wide_compile.templates.router_mask_reference import (  # noqa: E402
     router_mask_reference,
 )
 from wide_compile.testing.tiny_models import tiny_config  # noqa: E402
-from test_backend import Capture, fixed_gumbel_noise  # noqa: E402
+from test_backend import capture, compiled_and_eager, fixed_gumbel_noise  # noqa: E402
 
 TIE = 1e-4  # |l1 - l0| below this: the decision may flip with fp32 summation order
 router_mask_op = torch.ops.wide.router_mask.default
@@ -318,14 +318,8 @@ def test_router_fusion_follows_the_measured_token_range(batch, tokens, dtype, fu
     model = tiny_wide_llama(dtype)
     ids = torch.randint(3, 120, (batch, tokens))
     for option in (True, False):
-        torch._dynamo.reset()
-        wide_compile.backend.reset_compile_report()
-        options = {"wide.inner": "eager", "wide.fuse_routers": option}
-        with torch.no_grad():
-            actual = torch.compile(model, backend="wide", options=options)(ids, use_cache=False).logits
-            expected = model(ids, use_cache=False).logits
+        actual, expected, graph = compiled_and_eager(model, ids, {"wide.fuse_routers": option})
         assert torch.equal(actual, expected)
-        (graph,) = wide_compile.compile_report(model).graphs
         reduced = option and batch * tokens == 1  # one token: the reduction form (wide.one_token_routers default)
         assert graph.lowered.get("router_mask", 0) == (4 if fused and option else 0)
         assert graph.lowered.get("router_reduction", 0) == (4 if reduced else 0)
@@ -417,14 +411,6 @@ def test_training_mode_gates_with_noise_are_not_the_pattern(monkeypatch):
     assert wide_op_names(graph.graph_module.graph)["threshold_gate"] == 2
 
 
-def _capture(fn, *args):
-    torch._dynamo.reset()
-    cap = Capture()
-    with torch.no_grad():
-        torch.compile(fn, backend=cap, fullgraph=True)(*args)
-    return cap.graphs[0], cap.inputs[0]
-
-
 def test_hand_written_router_patterns():
     """Cast folding (``.to(fp32)`` / ``.float()``), a cast with another user (kept, op reads the cast), logits reused
     (kept with a reason), results equal before and after the rewrite."""
@@ -448,7 +434,7 @@ def test_hand_written_router_patterns():
         return gate(logits, None, tau), logits
 
     for fn, folded in ((cast_to, True), (cast_float, True), (cast_reused, False)):
-        gm, example = _capture(fn, x, *weights, tau)
+        gm, example = capture(fn, x, *weights, tau, grad=False)
         before = gm(*example)
         result = lower_wide_patterns(gm, fuse_routers=True)
         assert result.lowered == {"router_mask": 1} and result.generic == [], fn.__name__
@@ -457,7 +443,7 @@ def test_hand_written_router_patterns():
         after = gm(*example)
         for a, b in zip(after, before, strict=True):  # (Dynamo graphs return tuples)
             assert torch.equal(a, b)
-    gm, example = _capture(logits_reused, x, *weights, tau)
+    gm, example = capture(logits_reused, x, *weights, tau, grad=False)
     result = lower_wide_patterns(gm, fuse_routers=True)
     assert result.lowered == {} and len(result.generic) == 1 and "also used outside the gate" in result.generic[0]
 
@@ -575,14 +561,8 @@ def test_router_weights_split_once_per_forward(monkeypatch, tokens_per_row, expe
     model = tiny_wide_llama(torch.bfloat16)
     ids = torch.randint(3, 120, (2, tokens_per_row))
     for option in (True, False):
-        torch._dynamo.reset()
-        wide_compile.backend.reset_compile_report()
-        options = {"wide.inner": "eager", "wide.presplit_routers": option}
-        with torch.no_grad():
-            actual = torch.compile(model, backend="wide", options=options)(ids, use_cache=False).logits
-            expected_logits = model(ids, use_cache=False).logits
+        actual, expected_logits, graph = compiled_and_eager(model, ids, {"wide.presplit_routers": option})
         assert torch.equal(actual, expected_logits)
-        (graph,) = wide_compile.compile_report(model).graphs
         gm, want = graph.graph_module, expected if option else 0
         assert graph.lowered.get("router_weight_split", 0) == want, str(graph.lowered)
         routers, splits = router_mask_nodes(gm), _split_nodes(gm)
