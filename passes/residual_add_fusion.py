@@ -18,7 +18,8 @@ Rewritten only where that is valid and pays:
   GEMV, where the addition would be one more launch; measured at 1024, 4096 and 16384 tokens, not at batched decode);
 - ``r`` is the graph's own intermediate that nothing reads after the projection: produced by an addition, a
   multiplication or an embedding lookup (a residual stream), not a graph input or a view of one (an in-place update
-  of a user's tensor), and every other reader of ``r`` comes before the projection in the graph.
+  of a user's tensor), and every other reader of ``r``, or of anything that may be a view of it, comes before the
+  projection in the graph.
 AOTAutograd functionalizes the in-place op; Inductor's reinplacing then runs it on ``r``'s buffer.
 """
 from __future__ import annotations
@@ -70,9 +71,28 @@ def _why_not(proj: fx.Node, add: fx.Node, residual: fx.Node | None, order: dict,
         return "fewer than MIN_TOKENS tokens, dynamic shapes, or not on a CUDA device"
     if residual.op != "call_function" or residual.target not in _RESIDUAL_SOURCES:
         return "the residual is not a sum, product or embedding of this graph"
-    if any(order[u] > order[proj] for u in residual.users if u is not add):
-        return "the residual is read after the projection"
+    if any(order[u] > order[proj] for node in _aliases(residual) for u in node.users if u is not add):
+        return "the residual (or a view of it) is read after the projection"
     return None
+
+
+_MAY_ALIAS = {"view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand", "flatten", "unflatten",
+              "contiguous", "to", "type_as", "float", "half", "bfloat16", "getitem", "narrow", "select", "split",
+              "chunk", "t", "detach", "view_as", "expand_as", "as_strided", "unbind", "movedim", "swapaxes",
+              "__getitem__", "alias"}
+
+
+def _aliases(node: fx.Node) -> list[fx.Node]:
+    """``node`` and every node reachable from it through ops that may return a view of their input (conservative: a
+    later read of any of them would see the in-place update)."""
+    seen, stack = [node], [node]
+    while stack:
+        for user in stack.pop().users:
+            name = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
+            if user not in seen and name.split(".")[0] in _MAY_ALIAS:
+                seen.append(user)
+                stack.append(user)
+    return seen
 
 
 def fuse_residual_adds(graph: fx.Graph, devices: tuple[str, ...] | None = None) -> int:

@@ -127,7 +127,7 @@ def test_not_on_cpu_by_default_nor_with_gradients(monkeypatch):
 
 def test_hand_written_graphs(monkeypatch):
     """A residual that is a graph input (an in-place update would change the caller's tensor), one read after the
-    projection, and a biased projection stay unfused; an intermediate residual is fused and the graph still computes
+    projection (directly or through a view taken before it), and a biased projection stay unfused; an intermediate residual is fused and the graph still computes
     the same values."""
     _on_cpu_from(monkeypatch, 32)
     residual, x, mask, weight, gs = _operands()
@@ -141,6 +141,12 @@ def test_hand_written_graphs(monkeypatch):
         y = s + linear_op(x, m, w, None, gs, False)
         return y, s.sum()
 
+    def view_read_later(r, x, m, w):
+        s = r * 2.0
+        v = s.view(-1, s.shape[-1])
+        y = s + linear_op(x, m, w, None, gs, False)
+        return y, v.sum()
+
     def biased(r, x, m, w):
         s = r * 2.0
         return s + linear_op(x, m, w, bias, gs, False)
@@ -149,7 +155,7 @@ def test_hand_written_graphs(monkeypatch):
         s = r * 2.0
         return (linear_op(x, m, w, None, gs, False) + s) * 3.0
 
-    for fn, want in ((from_input, 0), (read_later, 0), (biased, 0), (fusable, 1)):
+    for fn, want in ((from_input, 0), (read_later, 0), (view_read_later, 0), (biased, 0), (fusable, 1)):
         gm, inputs = capture(fn, residual, x, mask, weight, grad=False)
         expected = gm(*inputs)
         result = lower_wide_patterns(gm)
