@@ -57,7 +57,8 @@ def split_router_weights_once(graph: fx.Graph, devices: tuple[str, ...] | None =
                if n.op == "call_function" and n.target is torch.ops.wide.router_mask.default and _wants_parts(n, devices)]
     if not routers:
         return 0
-    last_weight = max((n.args[1] for n in routers), key=order.__getitem__)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    last_weight = max([n.args[1] for n in routers] + placeholders[-1:], key=order.__getitem__)  # (after the inputs)
     together = order[last_weight] < min(order[n] for n in routers)
     anchor = last_weight
     for router in routers:

@@ -571,7 +571,8 @@ def test_router_weights_split_once_per_forward(monkeypatch, tokens_per_row, expe
         if want:
             order = {n: i for i, n in enumerate(gm.graph.nodes)}
             positions = sorted(order[s] for s in splits)
-            assert positions == list(range(positions[0], positions[0] + want))  # together
+            assert positions == list(range(positions[0], positions[0] + want))  # together, after every input
+            assert all(order[n] < positions[0] for n in gm.graph.nodes if n.op == "placeholder")
             assert positions[-1] < min(order[r] for r in routers)
             assert {r.kwargs["w_parts"] for r in routers} == set(splits)
     with pytest.raises(ValueError, match="'wide.presplit_routers' must be a bool"):
