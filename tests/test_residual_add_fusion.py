@@ -61,10 +61,10 @@ def test_opcheck():
 
 def test_op_refuses_gradients():
     residual, x, mask, weight, gs = _operands()
-    with pytest.raises(RuntimeError, match="masked_input_linear_add_ has no gradient"):
-        fused_op(residual, x.requires_grad_(), mask, weight, None, gs, False)
-    with torch.no_grad():  # no gradient needed: runs
-        fused_op(residual, x, mask, weight, None, gs, False)
+    for needs in (x, mask):
+        with pytest.raises(RuntimeError, match="masked_input_linear_add_ has no gradient"):
+            fused_op(residual, *(t.detach().requires_grad_(t is needs) for t in (x, mask)), weight, None, gs, False)
+    fused_op(residual, x, mask, weight.requires_grad_(), None, gs, False)  # weights requiring grad: inference graphs
 
 
 def test_op_bad_residual():

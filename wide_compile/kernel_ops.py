@@ -142,6 +142,7 @@ def masked_input_linear_add_(
     connection after an output or down projection (``passes/residual_add_fusion.py``; inference graphs only, no
     gradient). On CUDA's cuBLAS path the GEMM adds the residual in its epilogue (``templates.input_group_linear``'s
     ``residual``)."""
+    _refuse_gradients(residual, x, mask)
     _check_residual(residual, x, weight)
     residual.add_(masked_input_linear(x, mask, weight, bias, group_size, x_is_masked))
 
@@ -159,26 +160,23 @@ def _(residual, x, mask, weight, bias, group_size, x_is_masked=False):
     _check_residual(residual, x, weight)
 
 
-def _mila_no_gradient(residual, x, mask, weight, bias, group_size, x_is_masked=False):
-    """Autograd kernel: a clear error where a gradient would be needed (an in-place op has no autograd formula
-    here; the pass inserts it only in inference graphs), else the op below autograd."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (residual, x, mask, weight, bias)):
+def _refuse_gradients(*activations: Tensor) -> None:
+    """A clear error instead of a missing gradient: the in-place op has no autograd formula (the pass inserts it only
+    in inference graphs, where no activation requires grad). The implementations check their activations (residual,
+    x, mask) because the grad mode is not visible below autograd, and an Autograd kernel of our own would clash with
+    the one ``torch.library.custom_op`` keeps for mutable ops (torch 2.11 refuses the second registration)."""
+    if any(t.requires_grad for t in activations):
         raise RuntimeError(
-            "wide::masked_input_linear_add_ has no gradient: it is the inference form of a projection followed by a "
-            "residual connection (passes/residual_add_fusion.py inserts it only where nothing needs a gradient); "
-            "use wide::masked_input_linear and an addition for training")
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.wide.masked_input_linear_add_.default(residual, x, mask, weight, bias, group_size,
-                                                                x_is_masked)
-
-
-_AUTOGRAD = torch.library.Library("wide", "IMPL")  # kept alive: the registration lasts as long as this object
-_AUTOGRAD.impl("masked_input_linear_add_", _mila_no_gradient, "Autograd")
+            "wide::masked_input_linear_add_ has no gradient and was called with an activation that requires grad: it "
+            "is the inference form of a projection followed by a residual connection (passes/residual_add_fusion.py "
+            "inserts it only where nothing needs a gradient); use wide::masked_input_linear and an addition for "
+            "training")
 
 
 @masked_input_linear_add_.register_kernel("cuda")
 def masked_input_linear_add_kernel(residual, x, mask, weight, bias, group_size, x_is_masked=False):
     """The template path with the residual added in place (registered for CUDA)."""
+    _refuse_gradients(residual, x, mask)
     _check_residual(residual, x, weight)
     if not _kernel_ok(x, weight, bias, residual) or not residual.is_contiguous():
         residual.add_(masked_input_linear_kernel(x, mask, weight, bias, group_size, x_is_masked))
