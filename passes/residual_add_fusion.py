@@ -1,8 +1,9 @@
 """Residual connections added by the projection's GEMM: ``r + masked_input_linear(...)`` -> ``masked_input_linear_add_``.
 
 A decoder layer ends each sublayer with ``hidden = residual + proj(...)``; after the lowering, ``proj`` is a
-``wide::masked_input_linear`` (output and down projections), which on CUDA runs cuBLAS above 16 tokens. Inductor then fuses the addition into the next RMSNorm's kernel, which reads the projection's output and the
-residual and writes both the sum and the normalised value. With
+``wide::masked_input_linear`` (output and down projections), which on CUDA runs cuBLAS above 16 tokens. Inductor then
+fuses the addition into the next RMSNorm's kernel, which reads the projection's output and the residual and writes
+both the sum and the normalised value. With
 
     wide::masked_input_linear_add_(residual, x, mask, W, None, gs, x_is_masked)     # residual += proj, in place
 
@@ -14,8 +15,8 @@ Rewritten only where that is valid and pays:
 - the projection's only user is the addition ``add(r, y)`` / ``add(y, r)`` (no ``alpha``), with ``r`` of the same
   shape, dtype and device, and no bias (a bias would be one more pass over the output);
 - nothing needs a gradient (inference graphs: the op has no autograd formula);
-- a static token count of at least ``MIN_TOKENS`` on a CUDA device (up to ``DECODE_MAX_TOKENS`` the projection is a
-  GEMV, where the addition would be one more launch; measured at 1024, 4096 and 16384 tokens, not at batched decode);
+- a static token count of at least ``MIN_TOKENS`` on a CUDA device (up to 16 tokens the projection is a GEMV, where
+  the addition would be one more launch; measured at 1024, 4096 and 16384 tokens, not at batched decode);
 - ``r`` is the graph's own intermediate that nothing reads after the projection: produced by an addition, a
   multiplication or an embedding lookup (a residual stream), not a graph input or a view of one (an in-place update
   of a user's tensor), and every other reader of ``r``, or of anything that may be a view of it, comes before the
