@@ -14,9 +14,10 @@ never cached: a cache would go stale under CUDA graphs when the router weights c
 combo kernels (``combo_kernels``, a backend default) instead of one launch per router.
 
 Only where the kernel would split (``x`` bf16 / fp16, ``W_in`` fp32, a CUDA device) and the split was measured to pay:
-a static token count of at least ``MIN_TOKENS`` (measured at 1024, 4096 and 16384 tokens; below, decode steps of up
-to 128 tokens keep the in-register split, whose per-forward split would cost about as much as it saves). ``wide::router_mask`` checks that ``w_parts`` fits ``W_in``
-and ``x`` (shape, dtype, device) and otherwise raises; its result does not depend on them.
+a static token count of at least ``MIN_TOKENS`` (measured at 1024, 4096 and 16384 tokens; smaller graphs, batched
+decode steps among them, keep the in-register split: the per-forward split of every router was not priced against
+them). ``wide::router_mask`` checks that ``w_parts`` fits ``W_in`` and ``x`` (shape, dtype, device) and otherwise
+raises; its result does not depend on them.
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def split_router_weights_once(graph: fx.Graph, devices: tuple[str, ...] | None =
     ``w_parts`` (see module docstring); returns how many routers got them."""
     devices = DEVICES if devices is None else devices
     order = {node: i for i, node in enumerate(graph.nodes)}
-    routers = [n for n in graph.nodes
-               if n.op == "call_function" and n.target is torch.ops.wide.router_mask.default and _wants_parts(n, devices)]
+    routers = [n for n in graph.nodes if n.op == "call_function"
+               and n.target is torch.ops.wide.router_mask.default and _wants_parts(n, devices)]
     if not routers:
         return 0
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]

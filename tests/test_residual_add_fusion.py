@@ -127,8 +127,8 @@ def test_not_on_cpu_by_default_nor_with_gradients(monkeypatch):
 
 def test_hand_written_graphs(monkeypatch):
     """A residual that is a graph input (an in-place update would change the caller's tensor), one read after the
-    projection (directly or through a view taken before it), and a biased projection stay unfused; an intermediate residual is fused and the graph still computes
-    the same values."""
+    projection (directly or through a view taken before it), and a biased projection stay unfused; an intermediate
+    residual is fused and the graph still computes the same values."""
     _on_cpu_from(monkeypatch, 32)
     residual, x, mask, weight, gs = _operands()
     bias = torch.randn(weight.shape[0])
