@@ -25,13 +25,12 @@ AOTAutograd functionalizes the in-place op; Inductor's reinplacing then runs it 
 """
 from __future__ import annotations
 
-import math
 import operator
 
 import torch
 from torch import fx
 
-from .torch_patterns import arg, example_value
+from .torch_patterns import arg, example_value, static_tokens
 
 MIN_TOKENS = 1024  # (see module docstring)
 DEVICES = ("cuda",)  # device types where the GEMM adds the residual (tests add "cpu")
@@ -48,11 +47,6 @@ def _addend(add: fx.Node, proj: fx.Node) -> fx.Node | None:
     return other if isinstance(other, fx.Node) and other is not proj else None
 
 
-def _static_tokens(value: torch.Tensor) -> int | None:
-    sizes = value.shape[:-1]
-    return math.prod(sizes) if all(isinstance(d, int) for d in sizes) else None
-
-
 def _why_not(proj: fx.Node, add: fx.Node, residual: fx.Node | None, order: dict,
              devices: tuple[str, ...]) -> str | None:
     """Why ``add = residual + proj`` may not become ``masked_input_linear_add_``, or None."""
@@ -67,7 +61,7 @@ def _why_not(proj: fx.Node, add: fx.Node, residual: fx.Node | None, order: dict,
         return "residual and projection differ in shape, dtype or device"
     if y.requires_grad or r.requires_grad:
         return "a gradient is needed"
-    tokens = _static_tokens(y)
+    tokens = static_tokens(y)
     if tokens is None or tokens < MIN_TOKENS or y.device.type not in devices:
         return "fewer than MIN_TOKENS tokens, dynamic shapes, or not on a CUDA device"
     if residual.op != "call_function" or residual.target not in _RESIDUAL_SOURCES:

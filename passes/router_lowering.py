@@ -29,15 +29,13 @@ autocast regions the rewrite is still exact: ``router_logits`` turns autocast of
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import fx
 
 from wide_compile.router_mask_op import fused_for  # (importing it registers wide::router_mask)
 from wide_compile.templates.router_mask_reference import router_mask_reduction
 
-from .torch_patterns import arg, example_value, wide_op_name
+from .torch_patterns import arg, example_value, static_tokens, wide_op_name
 
 CAST_METHODS = ("to", "float")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -87,13 +85,6 @@ def _pays(tokens: int | None, x: fx.Node) -> bool:
     return tokens is None or fused_for(tokens, example_value(x).dtype)
 
 
-def _static_tokens(logits_value) -> int | None:
-    """Tokens of a ``[..., G, 2]`` logits value when its leading sizes are plain ints (static shapes), else None (the
-    op then picks the kernel at run time)."""
-    sizes = logits_value.shape[:-2]
-    return math.prod(sizes) if all(isinstance(d, int) for d in sizes) else None
-
-
 def lower_router_decisions(graph: fx.Graph, one_token: str = "reduction") -> tuple[dict[str, int], list[str]]:
     """Rewrite every noise-free ``threshold_gate(router_logits(...))`` of ``graph`` in place (see module docstring);
     returns ({"router_mask" / "router_reduction": number inserted}, ``"node: reason"`` for each noise-free gate
@@ -112,7 +103,7 @@ def lower_router_decisions(graph: fx.Graph, one_token: str = "reduction") -> tup
             continue
         xc, w_in, b_in, w_out, b_out = (arg(logits, i, name) for i, name in enumerate(ROUTER_ARGS))
         x = _uncast_input(xc, example_value(logits).dtype)
-        tokens = _static_tokens(example_value(logits))
+        tokens = static_tokens(example_value(logits), trailing=2)  # [..., G, 2] logits
         if one_token == "reduction" and tokens == 1:
             target, name = router_mask_reduction, "router_reduction"
         elif (one_token == "kernel" and tokens == 1) or _pays(tokens, x):

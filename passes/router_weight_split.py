@@ -21,16 +21,14 @@ raises; its result does not depend on them.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import fx
 
+from wide_compile.router_mask_op import SPLIT_DTYPES  # x dtypes the kernel multiplies as 16-bit W_in parts
 from wide_compile.templates.router_mask import split_router_weights
 
-from .torch_patterns import example_value
+from .torch_patterns import example_value, static_tokens
 
-SPLIT_DTYPES = (torch.bfloat16, torch.float16)
 MIN_TOKENS = 1024  # (see module docstring)
 DEVICES = ("cuda",)  # device types whose router kernel splits W_in (tests add "cpu": the op there checks the parts)
 
@@ -42,8 +40,8 @@ def _wants_parts(node: fx.Node, devices: tuple[str, ...]) -> bool:
     x, w_in = example_value(node.args[0]), example_value(node.args[1])
     if x is None or w_in is None or x.dim() < 1:
         return False
-    sizes = x.shape[:-1]
-    if not all(isinstance(d, int) for d in sizes) or math.prod(sizes) < MIN_TOKENS:
+    tokens = static_tokens(x)
+    if tokens is None or tokens < MIN_TOKENS:
         return False
     return (x.dtype in SPLIT_DTYPES and w_in.dtype == torch.float32 and w_in.dim() == 2
             and x.device.type in devices and w_in.device == x.device)

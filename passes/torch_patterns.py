@@ -7,6 +7,7 @@ read arguments by position or keyword.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -89,6 +90,13 @@ def example_value(node: Any) -> torch.Tensor | None:
         return None
     val = node.meta.get("example_value", node.meta.get("val"))
     return val if isinstance(val, torch.Tensor) else None
+
+
+def static_tokens(value: torch.Tensor, trailing: int = 1) -> int | None:
+    """Tokens of ``value`` (the product of its sizes before the last ``trailing`` ones) when those sizes are plain ints
+    (static shapes), else None."""
+    sizes = value.shape[:-trailing]
+    return math.prod(sizes) if all(isinstance(d, int) for d in sizes) else None
 
 
 def same_dtype_and_device(*nodes: Any) -> bool:

@@ -321,11 +321,10 @@ def router_mask(x: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: 
     mask = torch.empty((*lead, groups), dtype=w_in.dtype, device=x.device) if out is None else out
     if num_tokens == 0:
         return mask
-    cfg = dict(router_mask_config(num_tokens, hidden, rank, groups, x.device), **(config or {}))
-    split3 = _split_weights(x2, num_tokens, cfg.get("W_SPLIT3"))
-    presplit = w_parts is not None and split3 and _w_parts(cfg.get("W_PARTS", 2)) == 2
-    if presplit:
-        cfg = dict(router_mask_config(num_tokens, hidden, rank, groups, x.device, presplit=True), **(config or {}))
+    asked = config or {}  # (the defaults leave W_SPLIT3 automatic and W_PARTS at 2)
+    split3 = _split_weights(x2, num_tokens, asked.get("W_SPLIT3"))
+    presplit = w_parts is not None and split3 and _w_parts(asked.get("W_PARTS", 2)) == 2
+    cfg = dict(router_mask_config(num_tokens, hidden, rank, groups, x.device, presplit=presplit), **asked)
     block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
     tiles = cdiv(num_tokens, block_m)
     split = int(cfg.get("SPLIT", 0))
