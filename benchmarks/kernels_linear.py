@@ -482,19 +482,6 @@ def gated_decode_sweeps() -> list:
     return [("gate_up", m, "rand50", configs) for m in (1, 4, 16)]
 
 
-def balanced_decode_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32, 64)) -> list:
-    """The output-group GEMVs (gate/up fused, query projection) with one program per tile (the old default) against
-    ``gemv_balanced`` (a fixed grid sharing the active tiles' K chunks evenly) at its grid and pipeline settings
-    (``kernels_linear_sweep_balanced.json``)."""
-    old = dict(path="gemv")
-    bal = [dict(path="gemv", BALANCED=1, PROGRAMS_PER_SM=p, num_stages=st, BLOCK_N=bn)
-           for p, st, bn in ((1, 7, 64), (1, 5, 64), (2, 3, 64), (2, 5, 32), (2, 7, 32))]
-    bal_q = [dict(path="gemv", BALANCED=1, PROGRAMS_PER_SM=p, num_stages=st, BLOCK_N=bn)
-             for p, st, bn in ((1, 7, 64), (2, 7, 64), (2, 5, 64), (3, 5, 64), (2, 7, 32))]
-    return ([("gate_up", m, "rand50", [old] + bal) for m in ms]
-            + [("q_proj", m, "rand50", [old] + bal_q) for m in ms])
-
-
 def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1) -> list:
     """Time each case's configurations; with ``repeat`` > 1 the configurations are timed in ``repeat`` interleaved
     rounds (A B A B ...) and ``us`` is the median over rounds, so that drift of the GPU's clocks during the sweep
@@ -601,8 +588,6 @@ def main() -> None:
                     "and program order instead (kernels_linear_sweep_gate_up_tiles.json; --ms: token counts)")
     ap.add_argument("--sweep-gated-decode", action="store_true", help="time the fused gate/up GEMV's tiles and K "
                     "splits at 1-16 tokens instead (kernels_linear_sweep_gated_decode.json)")
-    ap.add_argument("--sweep-balanced", action="store_true", help="time the output-group GEMVs with one program "
-                    "per tile against the balanced fixed-grid GEMV instead (kernels_linear_sweep_balanced.json; --ms)")
     ap.add_argument("--sweep-half-tail", action="store_true", help="time the prefill gate/up GEMM with and without "
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
     ap.add_argument("--sweep-active-first", action="store_true", help="time the prefill output-group GEMMs with "
@@ -641,7 +626,6 @@ def main() -> None:
               "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
               "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
               "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
-              "sweep_balanced": (with_ms(balanced_decode_sweeps), "kernels_linear_sweep_balanced.json"),
               "sweep_half_tail": (with_ms(half_tail_sweeps), "kernels_linear_sweep_half_tail.json"),
               "sweep_active_first": (with_ms(active_first_sweeps), "kernels_linear_sweep_active_first.json"),
               "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),

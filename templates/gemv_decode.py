@@ -279,19 +279,6 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
     return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=2 if many else 8, num_warps=4, num_stages=4)
 
 
-def use_balanced(num_groups: int, num_tokens: int, device: torch.device, config: dict | None) -> bool:
-    """Whether an output-group GEMV runs ``gemv_balanced`` (the active work spread evenly over a fixed grid) instead
-    of one program per tile: ``config["BALANCED"]`` if given, else off (not yet the default)."""
-    from .gemv_balanced import MAX_GROUPS
-
-    if config is not None and "BALANCED" in config:
-        wanted = bool(config["BALANCED"])
-        if wanted and num_groups > MAX_GROUPS:
-            raise ValueError(f"output_groups_gemv: the balanced GEMV takes at most {MAX_GROUPS} groups, got {num_groups}")
-        return wanted
-    return False
-
-
 def output_groups_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -319,11 +306,6 @@ def output_groups_gemv(
     if any(w.shape != (nd, k_dim) or w.dtype != weight.dtype or (b is None) != (bias is None) for w, b, _ in dense):
         raise ValueError("output_groups_gemv: dense linears need weights [ND, K] of one ND and the weight's dtype, and "
                          "a bias exactly when the grouped linear has one")
-    if use_balanced(n_dim // group_size, num_tokens, x.device, config):
-        from .gemv_balanced import balanced_output_gemv
-
-        return balanced_output_gemv(x, weight, bias, mask_rows, group_size, w_up, activation,
-                                    {k: v for k, v in (config or {}).items() if k != "BALANCED"}, out, dense)
     cfg = dict(output_config(group_size, k_dim, gated, len(dense), num_tokens), **(config or {}))
     block_n, block_k = cfg["BLOCK_N"], min(cfg["BLOCK_K"], max(16, next_pow2(k_dim)))
     tiles_per_group = cdiv(group_size, block_n)

@@ -319,34 +319,3 @@ def test_query_with_key_value_projections_in_one_launch(weights, m):
             torch.cuda.synchronize()
         kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         assert kernels == ["_output_groups_gemv_kernel"], kernels
-
-
-@pytest.mark.parametrize("m", [1, 2, 5, 16, 64, 128])
-@pytest.mark.parametrize("kind", ["random", "all", "none", "clustered"])
-@pytest.mark.parametrize("programs", [0, 7, 5000])
-def test_balanced_output_gemv(weights, m, kind, programs):
-    """``gemv_balanced`` at Llama-3-8B shapes: gate/up fused, q with bias, q with k / v dense siblings; its grid from
-    the SM count (0), small (7: long ranges, tiles in many parts) and larger than the work (5000: idle programs)."""
-    from wide_compile.templates.gemv_balanced import balanced_output_gemv
-    from wide_compile.templates.group_plan import mask_rows
-
-    gen = torch.Generator(device="cuda").manual_seed(m * 7 + programs + len(kind))
-    wt = {k: v.bfloat16() for k, v in weights.items()}
-    x = torch.randn(m, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16)
-    cfg = {"PROGRAMS": programs} if programs else None
-    nan = float("nan")
-    ffn_mask = _mask(kind, m, INTER // FFN_GROUP, gen)
-    h = balanced_output_gemv(x, wt["gate"], None, mask_rows(ffn_mask), FFN_GROUP, w_up=wt["up"], config=cfg,
-                             out=torch.full((m, INTER), nan, dtype=x.dtype, device="cuda"))
-    _check(h, gated_up_groups_reference(x, wt["gate"], wt["up"], ffn_mask, FFN_GROUP, "silu"), ffn_mask, FFN_GROUP)
-    attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
-    q = balanced_output_gemv(x, wt["q"], wt["bias"], mask_rows(attn_mask), ATTN_GROUP, config=cfg,
-                             out=torch.full((m, HIDDEN), nan, dtype=x.dtype, device="cuda"))
-    _check(q, output_group_linear_reference(x, wt["q"], attn_mask, ATTN_GROUP, wt["bias"]), attn_mask, ATTN_GROUP)
-    wk, wv = wt["down"][:1024, :HIDDEN].contiguous(), wt["o"][:1024].contiguous()
-    k, v = (torch.full((m, 1024), nan, dtype=x.dtype, device="cuda") for _ in range(2))
-    q = balanced_output_gemv(x, wt["q"], None, mask_rows(attn_mask), ATTN_GROUP, config=cfg,
-                             dense=((wk, None, k), (wv, None, v)))
-    _check(q, output_group_linear_reference(x, wt["q"], attn_mask, ATTN_GROUP), attn_mask, ATTN_GROUP)
-    _check(k, x.float() @ wk.float().T)
-    _check(v, x.float() @ wv.float().T)

@@ -21,7 +21,6 @@ _KERNEL_MODULES = (
     "wide_compile.templates.gemm_output_groups",
     "wide_compile.templates.gemm_gated_up",
     "wide_compile.templates.gemm_input_groups",
-    "wide_compile.templates.gemv_balanced",
     "wide_compile.templates.gemv_decode",
     "wide_compile.templates.group_linear",
     "wide_compile.templates.group_linear_with_dense",
@@ -459,55 +458,6 @@ def test_bad_inputs_raise_clear_errors(k):
         lin.output_group_linear(x, w, mask, 64, out=torch.empty(4, 5))
     with pytest.raises(ValueError, match="group_size must be a positive int"):
         lin.output_group_linear(x, w, mask, 0)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "programs"), [(1, 40), (3, 3), (17, 5)])
-@pytest.mark.parametrize("kind", MASKS)
-def test_balanced_output_gemv_matches_reference(k, dtype, m, programs, kind):
-    """``gemv_balanced``: gate/up fused, an output projection with bias over a ragged K (200: the last chunk partly
-    outside), and one with two dense siblings of 48 rows (ragged against 32-row tiles). 3 programs: each tile in
-    several parts summed by the last to arrive; 40: more programs than units of work (idle ones only zero)."""
-    gen = torch.Generator().manual_seed(hash((m, kind, str(dtype), programs)) % 2**31)
-    bal, ref, rows = k["gemv_balanced"].balanced_output_gemv, k["ref"], k["group_plan"].mask_rows
-    cfg = {"PROGRAMS": programs}
-    inter, gs = 256, 64
-    mask = _mask(kind, m, inter // gs, gen)
-    for d in (192, 200):
-        x = torch.randn(m, d, generator=gen).to(dtype)
-        wg, wu = ((torch.randn(inter, d, generator=gen) / d**0.5).to(dtype) for _ in range(2))
-        bias = torch.randn(inter, generator=gen).to(dtype)
-        h = bal(x, wg, None, rows(mask), gs, w_up=wu, config=cfg, out=_poisoned((m, inter), dtype))
-        _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
-        q = bal(x, wg, bias, rows(mask), gs, config=cfg, out=_poisoned((m, inter), dtype))
-        _check(q, ref.output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
-        dense = tuple(((torch.randn(48, d, generator=gen) / d**0.5).to(dtype), torch.randn(48, generator=gen).to(dtype),
-                       _poisoned((m, 48), dtype)) for _ in range(2))
-        q = bal(x, wu, bias, rows(mask), gs, config=cfg, dense=dense)
-        _check(q, ref.output_group_linear_reference(x, wu, mask, gs, bias), dtype, mask, gs)
-        for w, b, y in dense:
-            _check(y, (x.float() @ w.float().T + b.float()).to(dtype), dtype)
-
-
-def test_balanced_gemv_is_chosen_by_config_and_checks_its_group_limit(k, monkeypatch):
-    """``config={"BALANCED": 1}`` routes the GEMV path of ``output_group_linear`` / ``gated_up_groups`` to the
-    balanced kernel (its result the reference's); over ``MAX_GROUPS`` groups it is refused with a clear error."""
-    gen = torch.Generator().manual_seed(3)
-    lin, decode, bal = k["group_linear"], k["gemv_decode"], k["gemv_balanced"]
-    calls = []
-    real = bal.balanced_output_gemv
-    monkeypatch.setattr(bal, "balanced_output_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    x, w = torch.randn(2, 64, generator=gen), torch.randn(128, 64, generator=gen)
-    mask = torch.tensor([[1, 0, 1, 0], [0, 0, 1, 1]], dtype=torch.bool)
-    y = lin.output_group_linear(x, w, mask, 32, path="gemv", config={"BALANCED": 1})
-    _check(y, k["ref"].output_group_linear_reference(x, w, mask, 32), torch.float32, mask, 32)
-    h = lin.gated_up_groups(x, w, w.flip(0), mask, 32, path="gemv", config={"BALANCED": 1})
-    _check(h, k["ref"].gated_up_groups_reference(x, w, w.flip(0), mask, 32, "silu"), torch.float32, mask, 32)
-    assert len(calls) == 2
-    lin.output_group_linear(x, w, mask, 32, path="gemv", config={"BALANCED": 0})
-    assert len(calls) == 2
-    with pytest.raises(ValueError, match="at most 1024 groups"):
-        decode.use_balanced(1025, 1, x.device, {"BALANCED": 1})
 
 
 @pytest.mark.parametrize("m", [1, 5, 16])
