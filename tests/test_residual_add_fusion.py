@@ -211,7 +211,7 @@ def test_gpu_projection_adds_the_residual(monkeypatch):
     logits = {}
     for option in (True, False):
         torch._dynamo.reset()
-        wide_compile.backend.resetcompiled_and_eager()
+        wide_compile.backend.reset_compile_report()
         with torch.no_grad():
             logits[option] = torch.compile(model, backend="wide", options={"wide.fuse_residual_adds": option})(
                 ids, use_cache=False).logits.float()
