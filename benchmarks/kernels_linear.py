@@ -482,6 +482,30 @@ def gated_decode_sweeps() -> list:
     return [("gate_up", m, "rand50", configs) for m in (1, 4, 16)]
 
 
+def gated_moderate_sweeps(ms: tuple = (1, 2, 32, 64)) -> list:
+    """The fused gate/up GEMV's tile height, pipeline depth and warps where its issue-4 rows miss 90% of the byte
+    bound (2 tokens: ~168 of 224 programs active for 132 SMs; 64 tokens, where "auto" takes the GEMM) and at one
+    token (``kernels_linear_sweep_gated_moderate.json``)."""
+    def gemv(bn, st, w):
+        return dict(path="gemv", BLOCK_N=bn, BLOCK_K=128, SPLIT=1, num_warps=w, num_stages=st)
+
+    few = [gemv(64, 4, 4), gemv(32, 4, 4), gemv(32, 3, 4), gemv(64, 3, 4), gemv(64, 4, 8), gemv(32, 6, 4)]
+    many = [dict(path="gemm"), gemv(64, 3, 4), gemv(64, 4, 4), gemv(64, 4, 8), gemv(32, 4, 4), gemv(128, 2, 8)]
+    return [("gate_up", m, "rand50", few if m <= 16 else many) for m in ms]
+
+
+def gated_stage_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32, 64, 128)) -> list:
+    """The fused gate/up GEMV's pipeline: 4 stages of 128-wide K steps (one program per SM), 3 (two fit), and up to 16
+    tokens 5 / 6 / 8 stages of 64-wide steps (two / two / one per SM); above 16 tokens the GEMM beside them; every
+    mask kind (``kernels_linear_sweep_gated_stages.json``; ``_v1.json``: the first run, 128-wide steps only)."""
+    def gemv(bk, st):
+        return dict(path="gemv", BLOCK_N=64, BLOCK_K=bk, SPLIT=1, num_warps=4, num_stages=st)
+
+    few = [gemv(128, 4), gemv(128, 3), gemv(64, 5), gemv(64, 6), gemv(64, 8)]
+    many = [gemv(128, 4), gemv(128, 3), dict(path="gemm")]
+    return [("gate_up", m, mask, few if m <= 16 else many) for m in ms for mask in MASKS]
+
+
 def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1) -> list:
     """Time each case's configurations; with ``repeat`` > 1 the configurations are timed in ``repeat`` interleaved
     rounds (A B A B ...) and ``us`` is the median over rounds, so that drift of the GPU's clocks during the sweep
@@ -588,6 +612,10 @@ def main() -> None:
                     "and program order instead (kernels_linear_sweep_gate_up_tiles.json; --ms: token counts)")
     ap.add_argument("--sweep-gated-decode", action="store_true", help="time the fused gate/up GEMV's tiles and K "
                     "splits at 1-16 tokens instead (kernels_linear_sweep_gated_decode.json)")
+    ap.add_argument("--sweep-gated-moderate", action="store_true", help="time the fused gate/up GEMV's tiles, "
+                    "stages and warps at 1, 2, 32 and 64 tokens instead (kernels_linear_sweep_gated_moderate.json)")
+    ap.add_argument("--sweep-gated-stages", action="store_true", help="time the fused gate/up GEMV with 3 and 4 "
+                    "stages at 1-128 tokens, every mask, instead (kernels_linear_sweep_gated_stages.json; --ms)")
     ap.add_argument("--sweep-half-tail", action="store_true", help="time the prefill gate/up GEMM with and without "
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
     ap.add_argument("--sweep-active-first", action="store_true", help="time the prefill output-group GEMMs with "
@@ -626,6 +654,8 @@ def main() -> None:
               "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
               "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
               "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
+              "sweep_gated_moderate": (with_ms(gated_moderate_sweeps), "kernels_linear_sweep_gated_moderate.json"),
+              "sweep_gated_stages": (with_ms(gated_stage_sweeps), "kernels_linear_sweep_gated_stages.json"),
               "sweep_half_tail": (with_ms(half_tail_sweeps), "kernels_linear_sweep_half_tail.json"),
               "sweep_active_first": (with_ms(active_first_sweeps), "kernels_linear_sweep_active_first.json"),
               "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),

@@ -259,21 +259,37 @@ def _dot_precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
+def _gated_stages(block_n: int, block_k: int, block_t: int, most: int = 4) -> int:
+    """Pipeline stages of the gated GEMV: ``most``, or as many as fit with two weight tiles and the token tile per
+    stage in 216 KB of shared memory (the H200 has 227 KB per block), at least 2."""
+    per_stage = (2 * block_n + block_t) * block_k * 2
+    return max(2, min(most, (216 * 1024) // per_stage))
+
+
 def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_tokens: int = 1) -> dict:
     """Launch configuration; ``dense``: number of dense sibling linears in the launch (their tiles double the
     programs of a query projection beside key and value, so K is split in 4 instead of 8: H200, Llama-3-8B q/k/v,
     ``benchmarks/results/kernels_qkv_sweep.json``, 12.7 vs 15.1 µs at one token and 16.5 vs 20.2 µs at four).
     Over 16 tokens (``benchmarks/results/kernels_linear_sweep_moderate_gemv.json``) the query projection splits K in
-    2 (32 / 64 / 128 tokens: 12.7 / 13.8 / 17.2 µs, against 13.2 / 18.0 / 26.5 with 4) and the gated form runs 3
-    stages (32 tokens: 61.5 µs). The gated form keeps 64-row tiles at one token: 32-row tiles took 41.2 against 47.3
-    µs in the isolated sweep (``kernels_linear_sweep_gated_decode.json``), but in the 8B model's batch-1 step they
-    made the output GEMVs slower (1.494 against 1.403 ms per step, runs T and O in ``benchmarks/results/e2e.md``)."""
+    2 (32 / 64 / 128 tokens: 12.7 / 13.8 / 17.2 µs, against 13.2 / 18.0 / 26.5 with 4). The gated form keeps 64-row
+    tiles at one token: 32-row tiles took 41.2 against 47.3 µs in the isolated sweep
+    (``kernels_linear_sweep_gated_decode.json``), but in the 8B model's batch-1 step they made the output GEMVs slower
+    (1.494 against 1.403 ms per step, runs T and O in ``benchmarks/results/e2e.md``).
+
+    The gated form's pipeline (``kernels_linear_sweep_gated_stages*.json``, four mask kinds at 50% and 25 / 70%):
+    4 stages hold one program per SM, 3 let two share one. At one token about half the groups are active, fewer
+    programs than SMs, and 4 stages are faster (50%: 32.3 against 33.9 µs; 70%: 23.3 / 27.4), unless a draw leaves
+    more than 132 programs (25%: 51.0 / 49.9; a 50% draw with 68 active groups: 47.3 / 37.5, the second wave
+    gone). At 2 tokens three quarters are active and 3 stages are faster (50%: 46.2 against 48.4; 70%: 34.2 / 33.4);
+    at 4-16 tokens they tie within 0.6 µs. Above 16 tokens 4 stages (32: 60.2 against 61.6; 64: 62.4 / 64.6), fewer
+    where four would not fit in the shared memory (:func:`_gated_stages`)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=64, SPLIT=1, num_warps=4, num_stages=1)
     block_n = min(64, max(16, next_pow2(group_size)))
     many = num_tokens > 16
     if gated:  # two weights per program: enough bytes in flight without splitting K
-        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=3 if many else 4)
+        stages = 3 if 1 < num_tokens <= 16 else _gated_stages(block_n, 128, max(16, next_pow2(num_tokens)))
+        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=stages)
     if dense:
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=3)
     return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=2 if many else 8, num_warps=4, num_stages=4)

@@ -31,9 +31,11 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # every group, so the weight bytes are dense; the GEMV reads each active weight tile once for all tokens, where the
 # GEMM over per-group token lists reads it once per token tile. H200, Llama-3-8B at 50%, µs (GEMV / GEMM / cuBLAS
 # dense, benchmarks/results/kernels_linear_sweep_moderate_gemv.json): query projection 32 tokens 12.7 / 46.9 / 14.3,
-# 64 13.8 / 21.8 / 12.4, 128 17.2 / 23.3 / 14.6, 256 54.6 / 27.3 / 19.2; gate/up 32 61.5 / 98.9 / 58.2, 64 64.9 /
-# 64.2 / 62.6, 128 75.5 / 73.5 / 67.0.
-GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 32, "input_group_linear": DECODE_MAX_TOKENS}
+# 64 13.8 / 21.8 / 12.4, 128 17.2 / 23.3 / 14.6, 256 54.6 / 27.3 / 19.2. Gate/up with the GEMV's 4 stages above 16
+# tokens (kernels_linear_sweep_gated_stages_v1.json, four mask kinds): 32 tokens 59.7-60.6 / 99.0-100.3 / 59.4-59.8,
+# 64 61.7-63.3 / 65.6-65.9 / 63.2-64.0; at 128 tokens the GEMM (68.0-71.1 at 25-70% and clustered masks but 114.5 at
+# 25%) beats the GEMV's 3 stages (76.3-76.7; 4 do not fit).
+GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 64, "input_group_linear": DECODE_MAX_TOKENS}
 _PATHS = ("auto", "gemv", "gemm", "dense")
 
 

@@ -534,13 +534,14 @@ def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
     assert gemv.output_config(512, 4096, False)["SPLIT"] == 8
     assert gemv.output_config(128, 4096, True)["SPLIT"] == 1
     assert gemv.output_config(512, 4096, False, num_tokens=64)["SPLIT"] == 2  # over 16 tokens
-    assert gemv.output_config(128, 4096, True, num_tokens=32)["num_stages"] == 3
+    gated_stages = {m: gemv.output_config(128, 4096, True, num_tokens=m)["num_stages"] for m in (1, 2, 16, 32, 64, 128)}
+    assert gated_stages == {1: 4, 2: 3, 16: 3, 32: 4, 64: 4, 128: 3}  # 4 stages of 128-token tiles would not fit
     assert gemv.output_config(128, 4096, True)["BLOCK_N"] == 64  # 32-row tiles were slower in the model at one token
 
 
 @pytest.mark.parametrize(("op", "tokens", "gemv"), [
-    ("output_group_linear", 128, True), ("output_group_linear", 129, False), ("gated_up_groups", 32, True),
-    ("gated_up_groups", 33, False), ("input_group_linear", 16, True)])
+    ("output_group_linear", 128, True), ("output_group_linear", 129, False), ("gated_up_groups", 64, True),
+    ("gated_up_groups", 65, False), ("input_group_linear", 16, True)])
 def test_auto_path_takes_the_gemv_up_to_its_token_limit(k, monkeypatch, op, tokens, gemv):
     """"auto" runs the GEMV kernel (one tile of all tokens) up to GEMV_MAX_TOKENS[op], the GEMM above; results match
     the reference either way."""
