@@ -31,6 +31,7 @@ import triton
 from triton.testing import do_bench
 
 from wide_compile.templates import build_group_plan, gated_up_groups, input_group_linear, output_group_linear
+from wide_compile.templates.group_linear import GEMV_MAX_TOKENS
 
 HIDDEN, INTER = 4096, 14336
 OPS = {
@@ -178,7 +179,9 @@ class Case:
         if config is not None and kind in ("gated", "output"):  # config["path"]: force the GEMV / GEMM kernel
             config = dict(config)
             out_path = config.pop("path", "auto")
-        no_plan = out_path == "gemv" or (decode and out_path == "auto")
+        # as in the model: no plan where the op's GEMV runs (it needs none; "auto" takes it up to GEMV_MAX_TOKENS)
+        gemv_limit = GEMV_MAX_TOKENS["gated_up_groups" if kind in ("gated", "ffn") else "output_group_linear"]
+        no_plan = out_path == "gemv" or (out_path == "auto" and self.m <= gemv_limit)
         for i in range(len(self.x)):
             x = self.x[i]
             if kind == "gated":
@@ -207,7 +210,7 @@ class Case:
                     return input_group_linear(x, w, mask, gs, plan=plan, config=config, x_is_masked=pm, path=p)
             else:
                 def f(x=x, wg=self.wg[i], wu=self.wu[i], wd=self.wd[i]):
-                    plan = build_group_plan(mask)
+                    plan = None if no_plan else build_group_plan(mask)  # shared by gate/up and down
                     h = gated_up_groups(x, wg, wu, mask, gs, "silu", plan)
                     return input_group_linear(h, wd, mask, gs, plan=plan, x_is_masked=True)
             fns.append(f)
