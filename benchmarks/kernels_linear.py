@@ -568,13 +568,13 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
     lines = ["# Group-skipping linear kernels vs cuBLAS (Llama-3-8B shapes, bf16)", "",
              f"GPU: {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}; {meta['date']}; "
              f"WIDE_PDL={meta.get('WIDE_PDL', '0')}", "",
-             f"Command: `{meta['command']}` (run as `OUT=$OUT bash benchmarks/run_kernels_linear_gpu.sh` on the "
-             "device machine, which first installs the repo and runs tests/test_gpu_group_linear.py)", "",
+             f"Command: `{meta['command']}` on the device machine after `pip install -e .` (the recipe "
+             "`OUT=$OUT bash benchmarks/run_kernels_linear_gpu.sh` also runs tests/test_gpu_group_linear.py first)", "",
              f"Measured ceilings: copy {meta['ceilings']['copy_TBps']:.2f} TB/s (read+write), "
              f"bf16 matmul {meta['ceilings']['bf16_mm_TFLOPs']:.0f} TFLOP/s (8192^3, random).", "",
              "Times in µs: median of 25 CUDA-graph replays timed with CUDA events, each replay running the op on R "
              "rotated weight/input copies (R x weight bytes >= 180 MB = 3 x L2, no explicit flush), divided by R; "
-             "ours includes building the plan it needs. Dense, half and ours of one (op, M) are timed in "
+             "ours includes building the plan its path needs (none for the GEMVs, as in the model). Dense, half and ours of one (op, M) are timed in "
              f"{meta.get('rounds', 1)} interleaved rounds; each value is the median over rounds. "
              "Because of the graph capture, the \"auto\" input-group path never takes the skipping GEMM here "
              "(its choice needs a host sync, skipped while capturing): see the *_gemm rows for that kernel. "
