@@ -7,7 +7,7 @@
 Inputs may carry leading batch dims (``x[..., K]``, ``mask[..., G]``): they are flattened and restored.
 Dtypes: bf16 / fp16 (fp32 accepted; computed with IEEE fp32 dots). Non-contiguous inputs are made
 contiguous. With few tokens the GEMVs run (they read only the weight of groups active for some token of the batch,
-once for all tokens): up to 16 tokens for ``input_group_linear``, 32 for ``gated_up_groups`` and 128 for
+once for all tokens): up to 16 tokens for ``input_group_linear``, 64 for ``gated_up_groups`` and 128 for
 ``output_group_linear`` (``GEMV_MAX_TOKENS``); otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one
 from ``build_group_plan(mask)`` to share it between paired ops; built here when omitted). On CPU
 without ``TRITON_INTERPRET=1`` (or without Triton) the PyTorch references run instead.
