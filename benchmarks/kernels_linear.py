@@ -574,7 +574,8 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              f"bf16 matmul {meta['ceilings']['bf16_mm_TFLOPs']:.0f} TFLOP/s (8192^3, random).", "",
              "Times in µs: median of 25 CUDA-graph replays timed with CUDA events, each replay running the op on R "
              "rotated weight/input copies (R x weight bytes >= 180 MB = 3 x L2, no explicit flush), divided by R; "
-             "ours includes building the plan its path needs (none for the GEMVs, as in the model). Dense, half and ours of one (op, M) are timed in "
+             "ours includes building the plan its path needs (none for the GEMVs, as in the model). Dense, half "
+             "and ours of one (op, M) are timed in "
              f"{meta.get('rounds', 1)} interleaved rounds; each value is the median over rounds. "
              "Because of the graph capture, the \"auto\" input-group path never takes the skipping GEMM here "
              "(its choice needs a host sync, skipped while capturing): see the *_gemm rows for that kernel. "
