@@ -259,6 +259,11 @@ def _dot_precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
+def _token_tile(num_tokens: int) -> int:
+    """``BLOCK_T``: the GEMVs' one tile of all tokens (the narrow MMA operand, at least 16)."""
+    return max(16, next_pow2(num_tokens))
+
+
 def _gated_stages(block_n: int, block_k: int, block_t: int, most: int = 4) -> int:
     """Pipeline stages of the gated GEMV: ``most``, or as many as fit with two weight tiles and the token tile per
     stage in 216 KB of shared memory (the H200 has 227 KB per block), at least 2."""
@@ -288,7 +293,7 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
     block_n = min(64, max(16, next_pow2(group_size)))
     many = num_tokens > 16
     if gated:  # two weights per program: enough bytes in flight without splitting K
-        stages = 3 if 1 < num_tokens <= 16 else _gated_stages(block_n, 128, max(16, next_pow2(num_tokens)))
+        stages = 3 if 1 < num_tokens <= 16 else _gated_stages(block_n, 128, _token_tile(num_tokens))
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=stages)
     if dense:
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=3)
@@ -330,7 +335,7 @@ def output_groups_gemv(
     if split <= 0:
         split = _auto_split(tiles, max(1, k_dim // (2 * block_k)))
     split = max(1, min(split, cdiv(k_dim, block_k)))
-    block_t = max(16, next_pow2(num_tokens))
+    block_t = _token_tile(num_tokens)
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, block_n, block_t) if split > 1 else (x, x)
     pads = [*dense, *(dense[-1:] if dense else [(weight, bias, y)]) * (2 - len(dense))]  # unused slots: any pointer
@@ -395,7 +400,7 @@ def input_groups_gemv(
     split = int(cfg.get("SPLIT", 0))
     if split <= 0:
         split = _auto_split(tiles, max(1, num_groups // 2), active_fraction=1.0)
-    block_t = max(16, next_pow2(num_tokens))
+    block_t = _token_tile(num_tokens)
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, cfg["BLOCK_N"], block_t) if split > 1 else (x, x)
     own_union = union_groups is None

@@ -78,7 +78,8 @@ def _unresolved(test_file: Path) -> list[str]:
 
 @pytest.mark.parametrize("test_file", TESTS, ids=[p.name for p in TESTS])
 def test_every_wide_compile_name_a_test_uses_exists(test_file):
-    assert not _unresolved(test_file), _unresolved(test_file)
+    missing = _unresolved(test_file)
+    assert not missing, missing
 
 
 def test_the_check_finds_a_wrong_name(tmp_path):
