@@ -47,7 +47,8 @@ def static_inputs(batch: int, slots: int, filled: int):
     return qs, ks, vs, (None if filled >= slots else amask)
 
 
-def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator) -> list[dict]:
+def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator, splits_list: tuple[int, ...] | None = None,
+                configs: tuple[tuple[int, int, int], ...] = CONFIGS) -> list[dict]:
     qs, ks, vs, amask = static_inputs(batch, slots, filled)
     mask = random_mask(batch, 1, 0.5, gen)
     dims = check_attention_inputs(qs[0], ks[0], vs[0], mask, False, None, amask)
@@ -57,7 +58,9 @@ def sweep_shape(batch: int, slots: int, filled: int, gen: torch.Generator) -> li
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     masked = amask is not None
     default_splits, default_chunk = choose_num_splits(batch * HKV, slots, qs[0].device, masked=masked)
-    candidates = [(None, None)] + [(s, c) for s in (SPLITS if masked else UNMASKED_SPLITS) for c in CONFIGS]
+    if splits_list is None:
+        splits_list = SPLITS if masked else UNMASKED_SPLITS
+    candidates = [(None, None)] + [(s, c) for s in splits_list for c in configs]
     rows = []
     for splits, cfg in candidates:
         config = None if cfg is None else {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
@@ -94,11 +97,19 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=2048)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--unmasked", action="store_true", help="every slot filled, no explicit mask, SDPA beside")
+    parser.add_argument("--splits", default=None, help="comma list of split counts (default: the mode's list)")
+    parser.add_argument("--configs", default=None,
+                        help="BLOCK_N/num_warps/num_stages triples, e.g. 128/4/3,64/4/5 (default: CONFIGS)")
+    parser.add_argument("--name", default=None, help="output file name (default: by mode and slots)")
     args = parser.parse_args()
+    splits_list = tuple(int(s) for s in args.splits.split(",")) if args.splits else (
+        UNMASKED_SPLITS if args.unmasked else SPLITS)
+    configs = tuple(tuple(int(v) for v in c.split("/")) for c in args.configs.split(",")) if args.configs else CONFIGS
     gen = torch.Generator(device="cuda").manual_seed(5)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        shape_rows = sweep_shape(batch, args.slots, args.slots if args.unmasked else args.slots // 2 + 50, gen)
+        shape_rows = sweep_shape(batch, args.slots, args.slots if args.unmasked else args.slots // 2 + 50, gen,
+                                 splits_list, configs)
         rows += shape_rows
         default = next(r for r in shape_rows if r["default"])
         best = min((r for r in shape_rows if not r["default"]), key=lambda r: r["us"])
@@ -107,14 +118,15 @@ def main() -> None:
               f"max err {max(r['max_abs_err'] for r in shape_rows):.1e}"
               + (f"; SDPA {default['sdpa_us']:.1f} us: default {default['sdpa_us'] / default['us']:.2f}x, best "
                  f"{default['sdpa_us'] / best['us']:.2f}x" if args.unmasked else ""), flush=True)
-        for splits in (UNMASKED_SPLITS if args.unmasked else SPLITS):
+        for splits in splits_list:
             line = [f"{r['us']:6.1f}" for r in shape_rows if r["num_splits"] == splits and not r["default"]]
             print(f"   splits {splits:2d}: " + " ".join(line), flush=True)
     os.makedirs(args.out_dir, exist_ok=True)
-    name = f"kernels_attention_unmasked_s{args.slots}.json" if args.unmasked else "kernels_attention_static.json"
+    name = args.name or (f"kernels_attention_unmasked_s{args.slots}.json" if args.unmasked
+                         else "kernels_attention_static.json")
     path = os.path.join(args.out_dir, name)
     with open(path, "w") as f:
-        json.dump({"command": "python " + " ".join(sys.argv), "versions": versions(), "configs": CONFIGS,
+        json.dump({"command": "python " + " ".join(sys.argv), "versions": versions(), "configs": configs,
                    "rows": rows}, f, indent=1)
     print(f"wrote {path}")
 

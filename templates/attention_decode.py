@@ -160,7 +160,13 @@ _FEW_PROGRAMS = (128, 4, 3)  # (BLOCK_N, num_warps, num_stages) when programs <=
 _SHORT_CHUNKS = (64, 4, 2)  # chunk <= 1024 keys and more than 4 programs per SM
 _LONG_CHUNKS = (64, 4, 3)
 _INTERPRET_META = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
-PROGRAMS_PER_SM = 16
+# Without an explicit mask, at most this many programs per SM over all (batch, KV head, chunk) programs: with the
+# few-programs config (one 128-key, 3-stage program per SM) half the pairs skipped leaves about one long program
+# per SM, which streams K/V faster than many short ones (H200, random head-group masks, split + reduction launches;
+# benchmarks/results/decode_split_rule.json, 2 against 16 per SM at 50%: B=16 S=4096 41.1 / 43.0 µs, B=4 S=16384
+# 40.6 / 42.6, B=16 S=16384 130.7 / 135.3, B=32 S=4096 68.6 / 74.5; at 0% equal or faster; at 25% and 70% some
+# shapes lose, by up to 11%: B=1 S=32768 at 25% 35.9 / 32.3, B=16 S=16384 at 70% 89.2 / 84.9).
+PROGRAMS_PER_SM = 2
 MIN_CHUNK = 512
 SHORT_KV = 1024  # caches up to this length: see choose_num_splits
 DIRECT_MIN_PAIRS = 64  # ... with at least this many (batch, KV head) pairs skip the reduction launch
@@ -210,9 +216,9 @@ def choose_num_splits(
     Short caches (``kv_len <= SHORT_KV``) are latency-bound: with many (batch, KV head) pairs one chunk per pair
     saves the reduction launch; with few pairs, chunks of 256 keys spread the reads over more SMs (H200, Llama-3-8B
     shapes: B=16 S=1k 20 us direct vs 23 us split; B=1 S=1k 8.6 us with 256-key chunks, 12.5 us with 512-key chunks,
-    14 us with one chunk; benchmarks/notes_attention.md). Longer caches
-    target many programs per SM (default 16), which keeps the last wave short when masks skip a random part of the
-    pairs, with chunks of at least ``min_chunk`` keys to keep the per-program prologue and partial results small.
+    14 us with one chunk; benchmarks/notes_attention.md). Longer caches split each pair into as many chunks as keep
+    all programs within ``programs_per_sm`` per SM (default ``PROGRAMS_PER_SM``: few long programs), with chunks of
+    at least ``min_chunk`` keys; with an explicit mask, into at least that many (``MASKED_PROGRAMS_PER_SM``).
     """
     align = 32 if interpreting() else 128
     if programs_per_sm is None:
@@ -226,7 +232,9 @@ def choose_num_splits(
             return 1, triton.cdiv(kv_len, align) * align
         min_chunk = SHORT_KV_CHUNK
     target_programs = programs_per_sm * _device_sm_count(device) if device.type == "cuda" else 8
-    splits = max(1, min(triton.cdiv(target_programs, batch_kv), triton.cdiv(kv_len, min_chunk), _MAX_SPLITS))
+    # masked: at least the target (short chunks are cheap, stop 11); unmasked: at most (long programs, see above)
+    per_pair = triton.cdiv(target_programs, batch_kv) if masked else target_programs // batch_kv
+    splits = max(1, min(per_pair, triton.cdiv(kv_len, min_chunk), _MAX_SPLITS))
     chunk = triton.cdiv(triton.cdiv(kv_len, splits), align) * align
     return triton.cdiv(kv_len, chunk), chunk
 
