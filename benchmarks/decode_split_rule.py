@@ -1,10 +1,9 @@
 """Benchmark: the unmasked decode's chunk-count rule against the earlier one, across sparsities, with SDPA beside.
 
 For each (B, S) where the rules differ (and one where they agree, as a control) and each sparsity, in interleaved
-rounds: SDPA (flash, ``enable_gqa``), the default rule (``PROGRAMS_PER_SM``; up to ``MERGE_MAX_SPLITS`` chunks merged
-in the split launch), the same with the reduction launch ("reduce"), and the kernel with the chunk count of other
-programs-per-SM targets (16 with the reduction launch: the default before stop 27) and the launch config
-``decode_config`` gives for that many programs. Llama-3-8B attention shapes, one new token, random head-group masks with exactly the stated
+rounds: SDPA (flash, ``enable_gqa``), the default rule (``PROGRAMS_PER_SM``), and the same kernel with the chunk
+count of other programs-per-SM targets (16: the rule before stop 27) and the launch config ``decode_config`` gives
+for that many programs. Llama-3-8B attention shapes, one new token, random head-group masks with exactly the stated
 fraction of (batch, KV head) pairs inactive; CUDA-graph replays over rotated q/K/V copies (>= 512 MB of K/V). Times
 are medians over rounds of the median replay. Split plus reduction launches are both timed.
 
@@ -33,15 +32,12 @@ SPARSITIES = (0.0, 0.25, 0.5, 0.7)
 OTHER_TARGETS = (16, 4)  # programs per SM: 16 was the default before stop 27
 
 
-def candidates(batch_kv: int, kv_len: int, sms: int) -> dict[str, tuple[int, dict, bool | None]]:
-    """label -> (num_splits, launch config, merge) for the default rule, the default with the reduction launch
-    ("reduce"), and each other programs-per-SM target (16: as before stop 27, with the reduction launch)."""
+def candidates(batch_kv: int, kv_len: int, sms: int) -> dict[str, tuple[int, dict]]:
+    """label -> (num_splits, launch config) for the default rule and each other programs-per-SM target."""
     out = {}
     for label, pps in [("default", PROGRAMS_PER_SM)] + [(f"pps{p}", p) for p in OTHER_TARGETS]:
         splits, chunk = choose_num_splits(batch_kv, kv_len, torch.device("cuda"), programs_per_sm=pps)
-        out[label] = (splits, decode_config(chunk, splits * batch_kv, sms), False if pps == 16 else None)
-        if label == "default":
-            out["reduce"] = (splits, out[label][1], False)
+        out[label] = (splits, decode_config(chunk, splits * batch_kv, sms))
     return out
 
 
@@ -56,9 +52,9 @@ def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms:
         dims = check_attention_inputs(qs[0], ks[0], vs[0], mask, True, None)
         ref = group_attention_reference(qs[0].float(), ks[0].float(), vs[0].float(), mask, causal=True)
         fns, errs = {}, {}
-        for label, (splits, cfg, merge) in rules.items():
-            def call(i, splits=splits, cfg=cfg, merge=merge):
-                launch_decode(qs[i], ks[i], vs[i], mask, outs[i], dims, True, splits, cfg, merge=merge)
+        for label, (splits, cfg) in rules.items():
+            def call(i, splits=splits, cfg=cfg):
+                launch_decode(qs[i], ks[i], vs[i], mask, outs[i], dims, True, splits, cfg)
             call(0)
             errs[label] = float((outs[0].float() - ref).abs().max())
             fns[label] = [lambda i=i, call=call: call(i) for i in range(copies)]
@@ -71,7 +67,7 @@ def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms:
         us = {label: statistics.median(t) for label, t in times.items()}
         row = {"batch": batch, "S": kv_len, "sparsity": sp, "active_pairs": int(mask.sum()), "us": us,
                "rounds_us": times, "max_abs_err": errs,
-               "rules": {label: {"num_splits": s, "config": c, "merge": m} for label, (s, c, m) in rules.items()},
+               "rules": {label: {"num_splits": s, "config": c} for label, (s, c) in rules.items()},
                "speedup_vs_sdpa": {label: us["sdpa"] / us[label] for label in rules}}
         rows.append(row)
         print(f"B={batch:2d} S={kv_len:5d} sp={sp:.2f} SDPA {us['sdpa']:7.1f} | "

@@ -24,7 +24,6 @@ import triton.language as tl
 from ._triton_utils import sm_count
 from .attention_block import attend_block
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
-from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
@@ -32,15 +31,11 @@ __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
 _LOG2E = 1.4426950408889634
 MAX_DECODE_ROWS = 128  # (query heads per KV head) x (new tokens) handled by one program
 _MAX_SPLITS = 64
-# Up to this many chunks per (batch, KV head) the split launch merges them itself: the last chunk to finish reads the
-# others' partials (one L2 round trip) instead of a second launch (see _merge_chunks). More chunks keep the reduction
-# kernel, which spreads the merge over many programs (a one-launch merge of 8-16 chunks was slower: stop 10).
-MERGE_MAX_SPLITS = 4
 
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, MASK, O, PART_O, PART_LSE, AMASK, COUNTERS,
+    Q, K, V, MASK, O, PART_O, PART_LSE, AMASK,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -50,7 +45,7 @@ def _decode_split_kernel(
     num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
         tl.extra.cuda.gdc_wait()
@@ -112,44 +107,9 @@ def _decode_split_kernel(
             part_row = (bk * num_splits + split).to(tl.int64) * n_rows + offs_r
             tl.store(PART_LSE + part_row, lse, mask=row_ok)
             tl.store(PART_O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=io_mask)
-            if MERGE_SPLITS > 0:  # the last of the pair's chunks to arrive merges them: no reduction launch
-                tl.debug_barrier()  # every thread's partial stored before the arrival
-                arrived = tl.atomic_add(COUNTERS + bk, 1, sem="acq_rel")
-                if arrived == num_splits - 1:
-                    tl.debug_barrier()
-                    merged = _merge_chunks(PART_O, PART_LSE, bk, num_splits, n_rows, offs_r, row_ok, offs_d, dmask,
-                                           HEAD_DIM, BLOCK_R, BLOCK_D, MERGE_SPLITS)
-                    merged = tl.where(active[:, None], merged, 0.0)
-                    tl.store(o_ptrs, merged.to(O.dtype.element_ty), mask=io_mask)
-                    tl.atomic_xchg(COUNTERS + bk, 0)  # zero again for the next launch (arrival_counters.py)
     else:
         if DIRECT_OUT:
             tl.store(o_ptrs, tl.zeros([BLOCK_R, BLOCK_D], dtype=O.dtype.element_ty), mask=io_mask)
-        elif MERGE_SPLITS > 0:  # one program of the skipped pair writes its zeros
-            if split == 0:
-                tl.store(o_ptrs, tl.zeros([BLOCK_R, BLOCK_D], dtype=O.dtype.element_ty), mask=io_mask)
-
-
-@triton.jit
-def _merge_chunks(PART_O, PART_LSE, bk, num_splits, n_rows, offs_r, row_ok, offs_d, dmask, HEAD_DIM: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_SPLITS: tl.constexpr):
-    """``[BLOCK_R, BLOCK_D]``: the pair's ``num_splits <= MERGE_SPLITS`` chunk partials combined by their lse (the
-    partials' loads do not depend on each other or on the lse; ``.cg``: read from L2, where the other SMs' stores
-    are)."""
-    offs_s = tl.arange(0, MERGE_SPLITS)
-    first_row = (bk * num_splits).to(tl.int64) * n_rows + offs_r
-    lse = tl.load(PART_LSE + first_row[None, :] + offs_s[:, None] * n_rows,
-                  mask=(offs_s < num_splits)[:, None] & row_ok[None, :], other=float("-inf"), cache_modifier=".cg")
-    top = tl.max(lse, 0)
-    weights = tl.math.exp2(lse - tl.where(top == float("-inf"), 0.0, top)[None, :])  # row hidden from every key: 0
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for s in tl.static_range(MERGE_SPLITS):
-        ok = row_ok & (s < num_splits)
-        part = tl.load(PART_O + (first_row + s * n_rows)[:, None] * HEAD_DIM + offs_d[None, :],
-                       mask=ok[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")
-        acc += part * tl.sum(tl.where(offs_s[:, None] == s, weights, 0.0), 0)[:, None]
-    total = tl.sum(weights, 0)
-    return acc / tl.where(total > 0, total, 1.0)[:, None]
 
 
 @triton.jit
@@ -287,13 +247,12 @@ def _mask_for_kernel(head_mask: torch.Tensor) -> torch.Tensor:
 def launch_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
     dims: AttentionDims, causal: bool, num_splits: int | None = None, config: dict | None = None,
-    attn_mask: torch.Tensor | None = None, merge: bool | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> None:
     """Run split + reduce into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
     ``num_splits`` overrides the chunk-count heuristic, ``config`` (``BLOCK_N``, ``num_warps``, ``num_stages``) the
-    launch config, ``merge`` whether the split launch merges the chunks itself (default: up to ``MERGE_MAX_SPLITS``
-    chunks) instead of a reduction launch; they exist for tests and the benchmarks.
+    launch config; both exist for tests and the benchmark's sweep.
     """
     rows = dims.q_per_kv * dims.q_len
     if rows > MAX_DECODE_ROWS:
@@ -304,8 +263,7 @@ def launch_decode(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if interpreting() and q.dtype == torch.bfloat16:  # the interpreter mis-computes bf16: run in fp32
         staging = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        launch_decode(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, num_splits, config, attn_mask,
-                      merge)
+        launch_decode(q.float(), k.float(), v.float(), head_mask, staging, dims, causal, num_splits, config, attn_mask)
         out.copy_(staging)
         return
     mask = _mask_for_kernel(head_mask)
@@ -318,9 +276,6 @@ def launch_decode(
         chunk = triton.cdiv(triton.cdiv(dims.kv_len, max(1, int(num_splits))), align) * align
         num_splits = triton.cdiv(dims.kv_len, chunk)
     direct = num_splits == 1
-    if merge is None:
-        merge = 2 <= num_splits <= MERGE_MAX_SPLITS
-    merge_splits = triton.next_power_of_2(num_splits) if merge and not direct else 0
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
     block_r = max(16, triton.next_power_of_2(rows))
     if direct:
@@ -328,9 +283,8 @@ def launch_decode(
     else:
         part_o = torch.empty((batch_kv, num_splits, rows, dims.head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch_kv, num_splits, rows), dtype=torch.float32, device=q.device)
-    counters = arrival_counters(batch_kv, q.device) if merge_splits else mask  # (unused without the merge)
     args = (
-        q, k, v, mask, out, part_o, part_lse, amask if amask is not None else mask, counters,
+        q, k, v, mask, out, part_o, part_lse, amask if amask is not None else mask,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -342,7 +296,7 @@ def launch_decode(
     )
     meta = {
         "Q_PER_KV": dims.q_per_kv, "HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "BLOCK_R": block_r,
-        "IS_CAUSAL": causal, "HAS_AMASK": amask is not None, "DIRECT_OUT": direct, "MERGE_SPLITS": merge_splits,
+        "IS_CAUSAL": causal, "HAS_AMASK": amask is not None, "DIRECT_OUT": direct,
         "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }
     if config is None:
@@ -350,7 +304,7 @@ def launch_decode(
         config = decode_config(chunk, num_splits * batch_kv, sms, dims.head_dim, q.element_size())
     pdl = pdl_launch(q.device)
     _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config, **pdl)
-    if not direct and not merge_splits:
+    if not direct:
         _decode_reduce_kernel[(rows, batch_kv)](
             part_o, part_lse, mask, out,
             mask.stride(0), mask.stride(1), mask.stride(2),

@@ -177,28 +177,6 @@ def test_decode_matches_reference(batch, hq, hkv, groups, q_len, kv_len, head_di
     assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=causal), head_mask, dtype)
 
 
-@pytest.mark.parametrize("merge", [True, False])
-def test_decode_chunks_merged_in_the_split_launch_or_by_the_reduction(monkeypatch, merge):
-    """2-4 chunks per pair are merged by the last chunk's program (no reduction launch); both ways match the
-    reference, and three calls in a row with new masks show the arrival counters are back at zero after each."""
-    decode = sys.modules["wide_compile.templates.attention_decode"]
-    if merge:  # the reduction kernel must not be launched
-        class NoLaunch:
-            def __getitem__(self, grid):
-                raise AssertionError("the reduction kernel was launched")
-        monkeypatch.setattr(decode, "_decode_reduce_kernel", NoLaunch())
-    gen = torch.Generator().manual_seed(23)
-    batch, hq, hkv, groups, q_len, kv_len, head_dim = 3, 4, 2, 2, 2, 100, 16
-    q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, torch.float32, gen)
-    for kind in ("random", "clustered", "random"):
-        head_mask = make_mask(kind, batch, q_len, groups, gen)
-        dims = decode.check_attention_inputs(q, k, v, head_mask, True, None)
-        for splits in (2, 3, 4):
-            out = poisoned(batch, hq, q_len, head_dim, torch.float32)
-            decode.launch_decode(q, k, v, head_mask, out, dims, True, num_splits=splits, merge=merge)
-            assert_matches(out, group_attention_reference(q, k, v, head_mask), head_mask, torch.float32)
-
-
 @pytest.mark.parametrize("q_len,kv_len", [(3, 70), (37, 37)])  # decode and prefill dispatch
 def test_entry_point_merge_heads_strided_inputs_and_float_mask(q_len, kv_len):
     gen = torch.Generator().manual_seed(5)

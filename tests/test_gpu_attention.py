@@ -82,7 +82,7 @@ def test_decode_llama3_8b(batch, kv_len, mask_kind):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("q_len,splits", [(4, None), (16, 7), (3, 1), (16, 3)])  # 3: merged in the split launch
+@pytest.mark.parametrize("q_len,splits", [(4, None), (16, 7), (3, 1), (16, 3)])
 def test_decode_multi_token(dtype, q_len, splits):
     q, k, v, mask = _inputs(4, q_len, 8191, dtype, "random", seed=q_len)
     out = torch.full_like(q, float("nan"))
