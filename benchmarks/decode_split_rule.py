@@ -13,6 +13,7 @@ Usage (GPU): ``python benchmarks/decode_split_rule.py [--out-dir benchmarks/resu
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -41,11 +42,14 @@ def candidates(batch_kv: int, kv_len: int, sms: int) -> dict[str, tuple[int, dic
     return out
 
 
-def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms: int) -> list[dict]:
+def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms: int, baseline=None) -> list[dict]:
     qs, ks, vs, _ = decode_inputs(batch, kv_len)
     copies = len(qs)
     outs = [torch.empty(batch, HQ, 1, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
     rules = candidates(batch * HKV, kv_len, sms)
+    launchers = {label: launch_decode for label in rules}
+    if baseline is not None:  # the default rule's launch through another version of the kernels (A/B of a change)
+        rules["baseline"], launchers["baseline"] = rules["default"], baseline.launch_decode
     rows = []
     for sp in SPARSITIES:
         mask = random_mask(batch, 1, sp, gen)
@@ -53,8 +57,8 @@ def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms:
         ref = group_attention_reference(qs[0].float(), ks[0].float(), vs[0].float(), mask, causal=True)
         fns, errs = {}, {}
         for label, (splits, cfg) in rules.items():
-            def call(i, splits=splits, cfg=cfg):
-                launch_decode(qs[i], ks[i], vs[i], mask, outs[i], dims, True, splits, cfg)
+            def call(i, splits=splits, cfg=cfg, launch=launchers[label]):
+                launch(qs[i], ks[i], vs[i], mask, outs[i], dims, True, splits, cfg)
             call(0)
             errs[label] = float((outs[0].float() - ref).abs().max())
             fns[label] = [lambda i=i, call=call: call(i) for i in range(copies)]
@@ -81,15 +85,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline-module", default=None,
+                        help="a module with another version's launch_decode (e.g. a copy of the previous "
+                             "attention_decode.py in wide_compile/templates), timed as 'baseline' with the default rule")
+    parser.add_argument("--shapes", default=None, help="B:S pairs, e.g. 16:4096,4:16384 (default: SHAPES)")
+    parser.add_argument("--name", default="decode_split_rule.json")
     args = parser.parse_args()
+    baseline = importlib.import_module(args.baseline_module) if args.baseline_module else None
+    shapes = [tuple(int(v) for v in p.split(":")) for p in args.shapes.split(",")] if args.shapes else SHAPES
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows = []
-    for batch, kv_len in SHAPES:
-        rows += bench_shape(batch, kv_len, args.rounds, gen, sms)
+    for batch, kv_len in shapes:
+        rows += bench_shape(batch, kv_len, args.rounds, gen, sms, baseline)
         torch.cuda.empty_cache()  # the shape's q / K / V copies are gone with bench_shape's frame
     os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, "decode_split_rule.json")
+    path = os.path.join(args.out_dir, args.name)
     with open(path, "w") as f:
         json.dump({"command": "python " + " ".join(sys.argv), "versions": versions(),
                    "programs_per_sm_default": PROGRAMS_PER_SM, "rows": rows}, f, indent=1)
