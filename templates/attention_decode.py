@@ -110,11 +110,6 @@ def _decode_split_kernel(
     else:
         if DIRECT_OUT:
             tl.store(o_ptrs, tl.zeros([BLOCK_R, BLOCK_D], dtype=O.dtype.element_ty), mask=io_mask)
-        else:  # an empty partial (lse -inf, zeros), so that the reduction reads only written memory without a branch
-            part_row = (bk * num_splits + split).to(tl.int64) * n_rows + offs_r
-            tl.store(PART_LSE + part_row, tl.full([BLOCK_R], float("-inf"), tl.float32), mask=row_ok)
-            tl.store(PART_O + part_row[:, None] * HEAD_DIM + offs_d[None, :],
-                     tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), mask=io_mask)
 
 
 @triton.jit
@@ -137,21 +132,24 @@ def _decode_reduce_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
     o_ptrs = O + b.to(tl.int64) * stride_ob + head * stride_oh + tok * stride_ot + offs_d
-    # every load at once, no branch: one round trip to memory instead of three dependent ones (flag, lse, parts);
-    # skipped pairs' partials are empty (lse -inf, zeros: the split kernel writes them), and a hidden chunk's are too
     flag = tl.load(MASK + b * stride_mb + tok * stride_mt + (head // heads_per_group) * stride_mg)
-    n_rows = Q_PER_KV * q_len
-    offs_s = tl.arange(0, SPLITS_P2)
-    split_ok = offs_s < num_splits
-    part_row = (bk * num_splits + offs_s).to(tl.int64) * n_rows + row
-    lse = tl.load(PART_LSE + part_row, mask=split_ok, other=float("-inf"))
-    parts = tl.load(PART_O + part_row[:, None] * HEAD_DIM + offs_d[None, :], mask=split_ok[:, None] & dmask[None, :],
-                    other=0.0)
-    top = tl.max(lse, 0)  # -inf when no chunk saw a key (an explicit mask hid them all, or a skipped pair): output 0
-    weight = tl.math.exp2(lse - tl.where(top == float("-inf"), 0.0, top))
-    total = tl.sum(weight, 0)
-    out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(o_ptrs, tl.where(flag != 0, out, 0.0).to(O.dtype.element_ty), mask=dmask)
+    if flag != 0:
+        n_rows = Q_PER_KV * q_len
+        offs_s = tl.arange(0, SPLITS_P2)
+        split_ok = offs_s < num_splits
+        part_row = (bk * num_splits + offs_s).to(tl.int64) * n_rows + row
+        lse = tl.load(PART_LSE + part_row, mask=split_ok, other=float("-inf"))
+        top = tl.max(lse, 0)  # -inf only when an explicit mask hides every key from the row: its output is 0
+        weight = tl.math.exp2(lse - tl.where(top == float("-inf"), 0.0, top))
+        parts = tl.load(
+            PART_O + part_row[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=(split_ok & (weight > 0))[:, None] & dmask[None, :], other=0.0,
+        )
+        total = tl.sum(weight, 0)
+        out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=dmask)
+    else:
+        tl.store(o_ptrs, tl.zeros([BLOCK_D], dtype=O.dtype.element_ty), mask=dmask)
 
 
 # Launch configs of the split kernel. No autotuner: it would tune on L2-resident inputs, on whichever shape comes
