@@ -68,10 +68,9 @@ def _decode_split_kernel(
     o_ptrs = O + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + tok[:, None] * stride_ot + offs_d[None, :]
     io_mask = row_ok[:, None] & dmask[None, :]
 
-    # q is read beside the mask flags, not after them: the first K/V loads wait for one round trip, not two
-    q_ptrs = Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + tok[:, None] * stride_qt + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=io_mask, other=0.0)
     if any_active:
+        q_ptrs = Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + tok[:, None] * stride_qt + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=io_mask, other=0.0)
         k_base = K + b.to(tl.int64) * stride_kb + kvh * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + kvh * stride_vh
         q_pos = kv_len - q_len + tok
