@@ -509,6 +509,18 @@ def gated_stage_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32, 64, 128)) -> list:
     return [("gate_up", m, mask, few if m <= 16 else many) for m in ms for mask in MASKS]
 
 
+def gated_wide_k_sweeps(ms: tuple = (1, 2, 4)) -> list:
+    """The fused gate/up GEMV with 256-wide K steps (512 B of each weight row per load instead of 256 B: fewer, longer
+    runs per DRAM page) against its default 128-wide ones, 4 / 8 warps, 32- / 64-row tiles, every mask kind
+    (``kernels_linear_sweep_gated_wide_k.json``)."""
+    def gemv(bn, bk, st, w):
+        return dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT=1, num_warps=w, num_stages=st)
+
+    configs = [gemv(64, 128, 4, 4), gemv(64, 256, 2, 4), gemv(64, 256, 3, 4), gemv(64, 256, 2, 8),
+               gemv(64, 256, 3, 8), gemv(32, 256, 3, 4), gemv(32, 256, 4, 4), gemv(64, 128, 4, 8)]
+    return [("gate_up", m, mask, configs) for m in ms for mask in MASKS]
+
+
 def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1) -> list:
     """Time each case's configurations; with ``repeat`` > 1 the configurations are timed in ``repeat`` interleaved
     rounds (A B A B ...) and ``us`` is the median over rounds, so that drift of the GPU's clocks during the sweep
@@ -620,6 +632,9 @@ def main() -> None:
                     "stages and warps at 1, 2, 32 and 64 tokens instead (kernels_linear_sweep_gated_moderate.json)")
     ap.add_argument("--sweep-gated-stages", action="store_true", help="time the fused gate/up GEMV with 3 and 4 "
                     "stages at 1-128 tokens, every mask, instead (kernels_linear_sweep_gated_stages.json; --ms)")
+    ap.add_argument("--sweep-gated-wide-k", action="store_true", help="time the fused gate/up GEMV with 256-wide K "
+                    "steps against 128-wide ones at 1-4 tokens, every mask, instead "
+                    "(kernels_linear_sweep_gated_wide_k.json; --ms)")
     ap.add_argument("--sweep-half-tail", action="store_true", help="time the prefill gate/up GEMM with and without "
                     "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
     ap.add_argument("--sweep-active-first", action="store_true", help="time the prefill output-group GEMMs with "
@@ -660,6 +675,7 @@ def main() -> None:
               "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
               "sweep_gated_moderate": (with_ms(gated_moderate_sweeps), "kernels_linear_sweep_gated_moderate.json"),
               "sweep_gated_stages": (with_ms(gated_stage_sweeps), "kernels_linear_sweep_gated_stages.json"),
+              "sweep_gated_wide_k": (with_ms(gated_wide_k_sweeps), "kernels_linear_sweep_gated_wide_k.json"),
               "sweep_half_tail": (with_ms(half_tail_sweeps), "kernels_linear_sweep_half_tail.json"),
               "sweep_active_first": (with_ms(active_first_sweeps), "kernels_linear_sweep_active_first.json"),
               "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),
