@@ -24,7 +24,7 @@ import triton.language as tl
 from ._triton_utils import sm_count
 from .attention_block import attend_block
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
-from .dependent_launch import pdl_launch
+from .dependent_launch import paired_pdl_launch, pdl_launch
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
 
@@ -302,7 +302,8 @@ def launch_decode(
     if config is None:
         sms = _device_sm_count(q.device)
         config = decode_config(chunk, num_splits * batch_kv, sms, dims.head_dim, q.element_size())
-    pdl = pdl_launch(q.device)
+    # the reduction always follows the split launch: it may start during the split's last programs (stop 27)
+    pdl, pdl_reduce = (pdl_launch(q.device), None) if direct else paired_pdl_launch(q.device)
     _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config, **pdl)
     if not direct:
         _decode_reduce_kernel[(rows, batch_kv)](
@@ -311,7 +312,7 @@ def launch_decode(
             out.stride(0), out.stride(1), out.stride(2),
             dims.num_kv_heads, dims.q_len, num_splits, dims.heads_per_group,
             Q_PER_KV=dims.q_per_kv, HEAD_DIM=dims.head_dim, BLOCK_D=block_d,
-            SPLITS_P2=max(2, triton.next_power_of_2(num_splits)), num_warps=4, **pdl,
+            SPLITS_P2=max(2, triton.next_power_of_2(num_splits)), num_warps=4, **pdl_reduce,
         )
 
 

@@ -1,4 +1,6 @@
-"""Programmatic dependent launch (sm_90+), opt-in with ``WIDE_PDL=1``: not yet measured, hence not the default.
+"""Programmatic dependent launch (sm_90+), opt-in with ``WIDE_PDL=1`` (stop 10: slower in the whole decode step when
+every launch uses it), except between a split kernel and its reduction (:func:`paired_pdl_launch`, the decode
+attention's: 0.1-0.9 µs less per call on the H200, ``benchmarks/results/decode_paired_pdl.json``).
 
 A kernel launched with ``launch_pdl=True`` may be scheduled before its predecessor in the stream has finished (once
 every program of the predecessor has released its dependents or exited), so launch latency and the first steps of
@@ -43,4 +45,16 @@ def use_pdl(device: torch.device) -> bool:
 def pdl_launch(device: torch.device) -> dict:
     """Launch keyword arguments: ``USE_GDC`` for the kernel, ``launch_pdl`` for Triton's launcher."""
     return {"USE_GDC": True, "launch_pdl": True} if use_pdl(device) else {"USE_GDC": False}
+
+
+def paired_pdl_launch(device: torch.device) -> tuple[dict, dict]:
+    """Launch keyword arguments for a kernel and the one dependent launch that always follows it (a split kernel and
+    its reduction), with programmatic dependent launch between the two whatever ``WIDE_PDL`` says (sm_90+): the
+    second may start while the first's last programs run. The first waits for its own predecessor only with
+    ``WIDE_PDL=1`` (its ``gdc_wait`` returns at once when it was not launched as a dependent)."""
+    if device.type != "cuda" or interpreting():
+        return {"USE_GDC": False}, {"USE_GDC": False}
+    if _capability(device.index if device.index is not None else torch.cuda.current_device())[0] < 9:
+        return {"USE_GDC": False}, {"USE_GDC": False}
+    return {"USE_GDC": True, "launch_pdl": use_pdl(device)}, {"USE_GDC": True, "launch_pdl": True}
 
