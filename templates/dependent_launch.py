@@ -57,4 +57,3 @@ def paired_pdl_launch(device: torch.device) -> tuple[dict, dict]:
     if _capability(device.index if device.index is not None else torch.cuda.current_device())[0] < 9:
         return {"USE_GDC": False}, {"USE_GDC": False}
     return {"USE_GDC": True, "launch_pdl": use_pdl(device)}, {"USE_GDC": True, "launch_pdl": True}
-
