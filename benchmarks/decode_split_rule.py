@@ -7,7 +7,11 @@ for that many programs. Llama-3-8B attention shapes, one new token, random head-
 fraction of (batch, KV head) pairs inactive; CUDA-graph replays over rotated q/K/V copies (>= 512 MB of K/V). Times
 are medians over rounds of the median replay. Split plus reduction launches are both timed.
 
-Usage (GPU): ``python benchmarks/decode_split_rule.py [--out-dir benchmarks/results] [--rounds 3]``
+Usage (GPU): ``python benchmarks/decode_split_rule.py [--out-dir benchmarks/results] [--rounds 3] [--shapes 16:4096,...]
+[--name decode_split_rule.json]``. ``--baseline-module M`` also times the default rule through ``M.launch_decode``
+(label "baseline"): with a copy of the previous ``templates/attention_decode.py`` saved as
+``templates/attention_decode_prev.py`` (not committed), ``M = wide_compile.templates.attention_decode_prev`` gives an
+A/B of a kernel change in one process.
 """
 
 from __future__ import annotations
