@@ -485,15 +485,19 @@ def gated_decode_sweeps() -> list:
     return [("gate_up", m, "rand50", configs) for m in (1, 4, 16)]
 
 
+def _gated_gemv(block_n: int, block_k: int, stages: int, warps: int = 4) -> dict:
+    """One configuration of the fused gate/up GEMV for the sweeps below (K not split)."""
+    return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=1, num_warps=warps, num_stages=stages)
+
+
 def gated_moderate_sweeps(ms: tuple = (1, 2, 32, 64)) -> list:
     """The fused gate/up GEMV's tile height, pipeline depth and warps where its issue-4 rows miss 90% of the byte
     bound (2 tokens: ~168 of 224 programs active for 132 SMs; 64 tokens, where "auto" takes the GEMM) and at one
     token (``kernels_linear_sweep_gated_moderate.json``)."""
-    def gemv(bn, st, w):
-        return dict(path="gemv", BLOCK_N=bn, BLOCK_K=128, SPLIT=1, num_warps=w, num_stages=st)
-
-    few = [gemv(64, 4, 4), gemv(32, 4, 4), gemv(32, 3, 4), gemv(64, 3, 4), gemv(64, 4, 8), gemv(32, 6, 4)]
-    many = [dict(path="gemm"), gemv(64, 3, 4), gemv(64, 4, 4), gemv(64, 4, 8), gemv(32, 4, 4), gemv(128, 2, 8)]
+    few = [_gated_gemv(64, 128, 4, 4), _gated_gemv(32, 128, 4, 4), _gated_gemv(32, 128, 3, 4),
+           _gated_gemv(64, 128, 3, 4), _gated_gemv(64, 128, 4, 8), _gated_gemv(32, 128, 6, 4)]
+    many = [dict(path="gemm"), _gated_gemv(64, 128, 3, 4), _gated_gemv(64, 128, 4, 4), _gated_gemv(64, 128, 4, 8),
+            _gated_gemv(32, 128, 4, 4), _gated_gemv(128, 128, 2, 8)]
     return [("gate_up", m, "rand50", few if m <= 16 else many) for m in ms]
 
 
@@ -501,11 +505,9 @@ def gated_stage_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32, 64, 128)) -> list:
     """The fused gate/up GEMV's pipeline: 4 stages of 128-wide K steps (one program per SM), 3 (two fit), and up to 16
     tokens 5 / 6 / 8 stages of 64-wide steps (two / two / one per SM); above 16 tokens the GEMM beside them; every
     mask kind (``kernels_linear_sweep_gated_stages.json``; ``_v1.json``: the first run, 128-wide steps only)."""
-    def gemv(bk, st):
-        return dict(path="gemv", BLOCK_N=64, BLOCK_K=bk, SPLIT=1, num_warps=4, num_stages=st)
-
-    few = [gemv(128, 4), gemv(128, 3), gemv(64, 5), gemv(64, 6), gemv(64, 8)]
-    many = [gemv(128, 4), gemv(128, 3), dict(path="gemm")]
+    few = [_gated_gemv(64, 128, 4), _gated_gemv(64, 128, 3), _gated_gemv(64, 64, 5), _gated_gemv(64, 64, 6),
+           _gated_gemv(64, 64, 8)]
+    many = [_gated_gemv(64, 128, 4), _gated_gemv(64, 128, 3), dict(path="gemm")]
     return [("gate_up", m, mask, few if m <= 16 else many) for m in ms for mask in MASKS]
 
 
@@ -513,11 +515,9 @@ def gated_wide_k_sweeps(ms: tuple = (1, 2, 4)) -> list:
     """The fused gate/up GEMV with 256-wide K steps (512 B of each weight row per load instead of 256 B: fewer, longer
     runs per DRAM page) against its default 128-wide ones, 4 / 8 warps, 32- / 64-row tiles, every mask kind
     (``kernels_linear_sweep_gated_wide_k.json``)."""
-    def gemv(bn, bk, st, w):
-        return dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT=1, num_warps=w, num_stages=st)
-
-    configs = [gemv(64, 128, 4, 4), gemv(64, 256, 2, 4), gemv(64, 256, 3, 4), gemv(64, 256, 2, 8),
-               gemv(64, 256, 3, 8), gemv(32, 256, 3, 4), gemv(32, 256, 4, 4), gemv(64, 128, 4, 8)]
+    configs = [_gated_gemv(64, 128, 4, 4), _gated_gemv(64, 256, 2, 4), _gated_gemv(64, 256, 3, 4),
+               _gated_gemv(64, 256, 2, 8), _gated_gemv(64, 256, 3, 8), _gated_gemv(32, 256, 3, 4),
+               _gated_gemv(32, 256, 4, 4), _gated_gemv(64, 128, 4, 8)]
     return [("gate_up", m, mask, configs) for m in ms for mask in MASKS]
 
 
