@@ -43,7 +43,6 @@ def candidates(batch_kv: int, kv_len: int, sms: int) -> dict[str, tuple[int, dic
     for label, pps in [("default", PROGRAMS_PER_SM)] + [(f"pps{p}", p) for p in OTHER_TARGETS]:
         splits, chunk = choose_num_splits(batch_kv, kv_len, torch.device("cuda"), programs_per_sm=pps)
         out[label] = (splits, decode_config(chunk, splits * batch_kv, sms))
-    out["balanced"] = (None, None)  # launch_decode's own choice: the balanced kernel where it applies
     return out
 
 
@@ -80,7 +79,7 @@ def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms:
                "speedup_vs_sdpa": {label: us["sdpa"] / us[label] for label in rules}}
         rows.append(row)
         print(f"B={batch:2d} S={kv_len:5d} sp={sp:.2f} SDPA {us['sdpa']:7.1f} | "
-              + " | ".join(f"{label} ({rules[label][0] or '-'}) {us[label]:7.1f} {us['sdpa'] / us[label]:.2f}x"
+              + " | ".join(f"{label} ({rules[label][0]:2d}) {us[label]:7.1f} {us['sdpa'] / us[label]:.2f}x"
                            for label in rules)
               + f" | err {max(errs.values()):.1e}", flush=True)
     return rows

@@ -24,7 +24,6 @@ import triton.language as tl
 from ._triton_utils import sm_count
 from .attention_block import attend_block
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
-from .attention_decode_balanced import balanced_decode_applies, launch_balanced_decode
 from .dependent_launch import paired_pdl_launch, pdl_launch
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
@@ -168,9 +167,6 @@ _INTERPRET_META = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
 # 40.6 / 42.6, B=16 S=16384 130.7 / 135.3, B=32 S=4096 68.6 / 74.5; at 0% equal or faster; at 25% and 70% some
 # shapes lose, by up to 11%: B=1 S=32768 at 25% 35.9 / 32.3, B=16 S=16384 at 70% 89.2 / 84.9).
 PROGRAMS_PER_SM = 2
-# Unmasked caches longer than SHORT_KV with at most one (batch, KV head) pair per SM take the balanced kernel instead
-# (attention_decode_balanced.py: a fixed grid whose work follows the mask on the device).
-BALANCED = True
 MIN_CHUNK = 512
 SHORT_KV = 1024  # caches up to this length: see choose_num_splits
 DIRECT_MIN_PAIRS = 64  # ... with at least this many (batch, KV head) pairs skip the reduction launch
@@ -273,13 +269,6 @@ def launch_decode(
     mask = _mask_for_kernel(head_mask)
     amask = expand_attn_mask(attn_mask, dims) if attn_mask is not None else None
     batch_kv = dims.batch * dims.num_kv_heads
-    if (BALANCED and amask is None and num_splits is None and dims.kv_len > SHORT_KV
-            and balanced_decode_applies(dims, q.device)):
-        if config is None:  # one program per SM: the few-programs config
-            sms = _device_sm_count(q.device)
-            config = decode_config(dims.kv_len, sms, sms, dims.head_dim, q.element_size())
-        launch_balanced_decode(q, k, v, mask, out, dims, causal, config)
-        return
     if num_splits is None:
         num_splits, chunk = choose_num_splits(batch_kv, dims.kv_len, q.device, masked=amask is not None)
     else:

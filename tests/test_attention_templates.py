@@ -27,10 +27,10 @@ os.environ["TRITON_INTERPRET"] = "1"
 from wide_compile.templates.attention_reference import group_attention_reference  # noqa: E402
 
 # Kernel modules in dependency order (each later one imports launchers of an earlier one by name).
-_KERNEL_MODULES = ("attention_block", "attention_compact", "attention_mask_extents", "attention_prefill",
-                   "attention_decode_balanced", "attention_decode", "attention")
+_KERNEL_MODULES = ("attention_block", "attention_compact", "attention_mask_extents", "attention_prefill", "attention_decode",
+                   "attention")
 group_attention = group_attention_prefill = group_attention_decode = attention_compact = attention_mask_extents = None
-attention_prefill = attention_decode = attention_decode_balanced = None
+attention_prefill = None
 
 
 def _interpreted_kernel_modules() -> dict:
@@ -51,10 +51,8 @@ def _interpreted_kernel_modules() -> dict:
 def interpreted_kernels():
     """Bind the module-level kernel entry points to interpreter-decorated kernels for this module's tests."""
     global group_attention, group_attention_prefill, group_attention_decode, attention_compact, attention_mask_extents
-    global attention_prefill, attention_decode, attention_decode_balanced
+    global attention_prefill
     mods = _interpreted_kernel_modules()
-    attention_decode = mods["attention_decode"]
-    attention_decode_balanced = mods["attention_decode_balanced"]
     attention_prefill = mods["attention_prefill"]
     attention_compact = mods["attention_compact"]
     attention_mask_extents = mods["attention_mask_extents"]
@@ -177,62 +175,6 @@ def test_decode_matches_reference(batch, hq, hkv, groups, q_len, kv_len, head_di
     res = group_attention_decode(q, k, v, head_mask, causal=causal, out=out, num_splits=splits)
     assert res is out
     assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=causal), head_mask, dtype)
-
-
-BALANCED_CASES = [
-    # batch, Hq, Hkv, G, T, S, D, causal, dtype, mask, programs (the fixed grid)
-    (2, 4, 2, 2, 1, 70, 32, True, torch.float32, "random", 8),
-    (2, 4, 2, 2, 3, 130, 32, True, torch.float32, "random", 4),  # ragged last key block, ranges across pairs
-    (1, 4, 1, 4, 3, 37, 16, True, torch.float16, "clustered", 2),  # groups smaller than a KV head
-    (2, 4, 4, 4, 1, 130, 16, False, torch.float16, "all", 8),  # one program per pair
-    (2, 4, 2, 2, 3, 70, 32, True, torch.float32, "none", 5),  # nothing to read: zeros only
-    (3, 4, 2, 1, 2, 600, 16, True, torch.float16, "random", 6),  # one group spans two KV heads
-    (2, 8, 2, 2, 1, 300, 32, True, torch.float32, "random", 40),  # more programs than key blocks: empty ranges
-    (1, 4, 1, 1, 1, 1000, 16, True, torch.float32, "all", 40),  # one pair over 32 programs: two reduction steps
-]
-
-
-@pytest.mark.parametrize("batch,hq,hkv,groups,q_len,kv_len,head_dim,causal,dtype,mask_kind,programs", BALANCED_CASES)
-def test_balanced_decode_matches_reference(batch, hq, hkv, groups, q_len, kv_len, head_dim, causal, dtype, mask_kind,
-                                           programs):
-    """The even split of the active key blocks over a fixed grid (attention_decode_balanced) against the reference."""
-    gen = torch.Generator().manual_seed(q_len * 5 + kv_len + programs)
-    q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, dtype, gen)
-    head_mask = make_mask(mask_kind, batch, q_len, groups, gen)
-    out = poisoned(batch, hq, q_len, head_dim, dtype)
-    dims = attention_decode.check_attention_inputs(q, k, v, head_mask, causal, None)
-    attention_decode_balanced.launch_balanced_decode(
-        q, k, v, head_mask.view(torch.uint8), out, dims, causal, dict(BLOCK_N=32, num_warps=4, num_stages=1),
-        programs=programs)
-    assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=causal), head_mask, dtype)
-
-
-def test_balanced_decode_is_the_default_for_long_unmasked_caches(monkeypatch):
-    """``group_attention_decode`` without an explicit mask takes the balanced kernel above ``SHORT_KV`` keys (lowered
-    here to reach it at interpreter sizes) while the pairs fit the grid, and the split kernel otherwise."""
-    calls = []
-    launch = attention_decode.launch_balanced_decode
-    monkeypatch.setattr(attention_decode, "launch_balanced_decode", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
-    monkeypatch.setattr(attention_decode, "SHORT_KV", 16)
-    gen = torch.Generator().manual_seed(3)
-    for batch, expected in ((2, 1), (5, 0)):  # 4 pairs fit the interpreter's 8 programs, 10 do not
-        calls.clear()
-        q, k, v = make_inputs(batch, 4, 2, 1, 100, 16, torch.float32, gen)
-        head_mask = make_mask("random", batch, 1, 2, gen)
-        out = poisoned(batch, 4, 1, 16, torch.float32)
-        group_attention_decode(q, k, v, head_mask, out=out)
-        assert len(calls) == expected
-        assert_matches(out, group_attention_reference(q, k, v, head_mask), head_mask, torch.float32)
-
-
-def test_balanced_decode_rejects_more_pairs_than_programs():
-    q, k, v = make_inputs(3, 4, 2, 1, 64, 16, torch.float32, torch.Generator().manual_seed(0))
-    head_mask = torch.ones(3, 1, 2, dtype=torch.bool)
-    dims = attention_decode.check_attention_inputs(q, k, v, head_mask, True, None)
-    with pytest.raises(ValueError, match="6 \\(batch, KV head\\) pairs"):
-        attention_decode_balanced.launch_balanced_decode(
-            q, k, v, head_mask.view(torch.uint8), poisoned(3, 4, 1, 16, torch.float32), dims, True,
-            dict(BLOCK_N=32, num_warps=4, num_stages=1), programs=4)
 
 
 @pytest.mark.parametrize("q_len,kv_len", [(3, 70), (37, 37)])  # decode and prefill dispatch

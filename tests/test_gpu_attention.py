@@ -90,23 +90,6 @@ def test_decode_multi_token(dtype, q_len, splits):
     _check(out, group_attention_reference(q, k, v, mask), mask, dtype)
 
 
-@pytest.mark.parametrize("batch,kv_len", [(16, 4096), (1, 32768), (4, 3000), (32, 4096)])
-@pytest.mark.parametrize("active", [0.0, 0.25, 0.5, 0.75, 1.0])
-def test_decode_balanced_against_split_kernel(batch, kv_len, active):
-    """The default (balanced, attention_decode_balanced.py; split-KV at B=32, whose 256 pairs exceed the grid) and the
-    split-KV kernel (explicit chunk count) on exactly ``active`` of the (batch, KV head) pairs, both against the
-    reference."""
-    q, k, v, _ = _inputs(batch, 1, kv_len, torch.bfloat16, "all", seed=batch * 7 + kv_len)
-    flat = torch.zeros(batch * HKV, dtype=torch.bool, device="cuda")
-    flat[torch.randperm(batch * HKV, device="cuda")[: round(active * batch * HKV)]] = True
-    mask = flat.view(batch, 1, HKV)
-    ref = group_attention_reference(q, k, v, mask)
-    for splits in (None, 3):
-        out = torch.full_like(q, float("nan"))
-        group_attention_decode(q, k, v, mask, out=out, num_splits=splits)
-        _check(out, ref, mask, torch.bfloat16)
-
-
 def test_decode_replays_in_cuda_graph():
     q, k, v, mask = _inputs(4, 1, 4096, torch.bfloat16, "random", seed=3)
     out = torch.full_like(q, float("nan"))
