@@ -521,6 +521,17 @@ def gated_wide_k_sweeps(ms: tuple = (1, 2, 4)) -> list:
     return [("gate_up", m, mask, configs) for m in ms for mask in MASKS]
 
 
+def input_split_sweeps(ms: tuple = (1, 2, 8, 16)) -> list:
+    """The input-group GEMV (down / o_proj) with K split in fewer parts than its default 4: each split's last program
+    sums the partials, a tail on the critical path that the unsplit gated GEMV has not; fewer splits need taller or
+    deeper pipelines to keep the bytes in flight (``kernels_linear_sweep_input_split.json``)."""
+    def gemv(block_n: int, stages: int, split: int) -> dict:
+        return dict(BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=stages, SPLIT=split)
+    configs = [gemv(64, 5, 4), gemv(64, 5, 2), gemv(64, 8, 2), gemv(64, 5, 3), gemv(32, 5, 2), gemv(32, 8, 2),
+               gemv(32, 8, 1), gemv(32, 12, 1), gemv(16, 8, 1), gemv(16, 12, 1), gemv(128, 4, 2)]
+    return [(op, m, "rand50", configs) for op in ("down", "o_proj") for m in ms]
+
+
 def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1) -> list:
     """Time each case's configurations; with ``repeat`` > 1 the configurations are timed in ``repeat`` interleaved
     rounds (A B A B ...) and ``us`` is the median over rounds, so that drift of the GPU's clocks during the sweep
@@ -643,6 +654,8 @@ def main() -> None:
                     "tiles in one TMA box against two (PAIRED), and TMA tiles below 2048 tokens; --ms: token counts")
     ap.add_argument("--sweep-query-tiles", action="store_true", help="time the query projection's output-group GEMM "
                     "tiles; --ms: token counts (default 4096)")
+    ap.add_argument("--sweep-input-split", action="store_true", help="time the input-group GEMV with K split in "
+                    "fewer parts at 1-16 tokens instead (kernels_linear_sweep_input_split.json; --ms)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -680,6 +693,7 @@ def main() -> None:
               "sweep_active_first": (with_ms(active_first_sweeps), "kernels_linear_sweep_active_first.json"),
               "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),
               "sweep_paired": (with_ms(paired_sweeps), "kernels_linear_sweep_paired.json"),
+              "sweep_input_split": (with_ms(input_split_sweeps), "kernels_linear_sweep_input_split.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:
