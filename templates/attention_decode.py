@@ -45,7 +45,7 @@ def _decode_split_kernel(
     num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr, EVICT: tl.constexpr = "",
+    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
         tl.extra.cuda.gdc_wait()
@@ -94,7 +94,7 @@ def _decode_split_kernel(
                 # -inf and change nothing
                 load_ok = col_ok & (tl.max(tl.max(valid.to(tl.int32), 1), 0) > 0)
             acc, l_i, m_i = attend_block(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, cols, load_ok,
-                                          valid, offs_d, dmask, qk_scale, 0, 0, INPUT_PRECISION, False, EVICT)
+                                          valid, offs_d, dmask, qk_scale, 0, 0, INPUT_PRECISION, False)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
         has_keys = l_i > 0

@@ -76,7 +76,6 @@ if HAS_TRITON:
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
-        EVICT: tl.constexpr = "",
     ):
         if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
             tl.extra.cuda.gdc_wait()
@@ -128,11 +127,11 @@ if HAS_TRITON:
             acc2 = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
             for k in range(k_begin, k_stop, BLOCK_K):
                 if EVEN_K:
-                    w = tl.load(w_ptrs, eviction_policy=EVICT)
+                    w = tl.load(w_ptrs)
                     xt = tl.load(x_ptrs, mask=valid_t[None, :], other=0.0)
                 else:
                     k_ok = (k + offs_k) < k_stop
-                    w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0, eviction_policy=EVICT)
+                    w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
                     xt = tl.load(x_ptrs, mask=k_ok[:, None] & valid_t[None, :], other=0.0)
                 if UPCAST:
                     w = w.to(tl.float32)
@@ -140,9 +139,9 @@ if HAS_TRITON:
                 acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
                 if GATED:
                     if EVEN_K:
-                        w2 = tl.load(w2_ptrs, eviction_policy=EVICT)
+                        w2 = tl.load(w2_ptrs)
                     else:
-                        w2 = tl.load(w2_ptrs, mask=k_ok[None, :], other=0.0, eviction_policy=EVICT)
+                        w2 = tl.load(w2_ptrs, mask=k_ok[None, :], other=0.0)
                     if UPCAST:
                         w2 = w2.to(tl.float32)
                     acc2 = tl.dot(w2, xt, acc2, input_precision=DOT_PRECISION)
@@ -179,7 +178,6 @@ if HAS_TRITON:
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
-        EVICT: tl.constexpr = "",
     ):
         if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
             tl.extra.cuda.gdc_wait()
@@ -216,7 +214,7 @@ if HAS_TRITON:
         for j in range(j_start, j_end):
             g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
             k0 = g * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
-            w = tl.load(w_rows + k0, eviction_policy=EVICT)
+            w = tl.load(w_rows + k0)
             if ROW_MASK:  # zero-fill tokens that do not use group g (predicated load)
                 tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
                 xt = tl.load(x_cols + k0, mask=tok_on[None, :], other=0.0)
@@ -360,7 +358,6 @@ def output_groups_gemv(
         DOT_PRECISION=_dot_precision(x),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        EVICT=cfg.get("EVICT", ""),
         **pdl_launch(x.device),
     )
     return y
@@ -428,7 +425,6 @@ def input_groups_gemv(
         DOT_PRECISION=_dot_precision(x),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        EVICT=cfg.get("EVICT", ""),
         **pdl_launch(x.device),
     )
     return y
