@@ -34,21 +34,6 @@ _MAX_SPLITS = 64
 
 
 @triton.jit
-def _pair_activity(MASK, stride_mb, stride_mt, stride_mg, num_kv_heads, batch_kv, q_len, heads_per_group,
-                   Q_PER_KV: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``on[BLOCK_P]`` (int32): 1 where the (batch, KV head) pair has an active row."""
-    idx = tl.arange(0, BLOCK_P)
-    offs_r = tl.arange(0, BLOCK_R)
-    b = idx // num_kv_heads
-    head = (idx % num_kv_heads)[:, None] * Q_PER_KV + offs_r[None, :] // q_len
-    tok = offs_r[None, :] % q_len
-    ok = (idx < batch_kv)[:, None] & (offs_r < Q_PER_KV * q_len)[None, :]
-    flag = tl.load(MASK + b[:, None] * stride_mb + tok * stride_mt + (head // heads_per_group) * stride_mg,
-                   mask=ok, other=0)
-    return tl.max(((flag != 0) & ok).to(tl.int32), axis=1)
-
-
-@triton.jit
 def _decode_split_kernel(
     Q, K, V, MASK, O, PART_O, PART_LSE, AMASK,
     stride_qb, stride_qh, stride_qt,
@@ -60,19 +45,12 @@ def _decode_split_kernel(
     num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr, ACTIVE_FIRST: tl.constexpr = False, BLOCK_P: tl.constexpr = 16,
+    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
         tl.extra.cuda.gdc_wait()
     split = tl.program_id(0)
     bk = tl.program_id(1)
-    batch_kv = tl.num_programs(1)
-    if ACTIVE_FIRST:  # the first programs of the grid take the active pairs' chunks (no early wave of empty ones)
-        on = _pair_activity(MASK, stride_mb, stride_mt, stride_mg, num_kv_heads, batch_kv, q_len, heads_per_group,
-                            Q_PER_KV, BLOCK_P, BLOCK_R)
-        rank = tl.cumsum(on, 0) - 1
-        nth = tl.sum(tl.where((on > 0) & (rank == bk), tl.arange(0, BLOCK_P), 0), 0)
-        bk = tl.where(bk < tl.sum(on, 0), nth, batch_kv)  # past the active pairs: no pair (exits)
     b = bk // num_kv_heads
     kvh = bk % num_kv_heads
 
@@ -84,8 +62,7 @@ def _decode_split_kernel(
     row_ok = offs_r < n_rows
     head = kvh * Q_PER_KV + offs_r // q_len  # row r = (query head of this KV head, new token)
     tok = offs_r % q_len
-    flag = tl.load(MASK + b * stride_mb + tok * stride_mt + (head // heads_per_group) * stride_mg,
-                   mask=row_ok & (bk < batch_kv), other=0)
+    flag = tl.load(MASK + b * stride_mb + tok * stride_mt + (head // heads_per_group) * stride_mg, mask=row_ok, other=0)
     active = (flag != 0) & row_ok
     any_active = tl.max(active.to(tl.int32), axis=0) > 0
     o_ptrs = O + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + tok[:, None] * stride_ot + offs_d[None, :]
