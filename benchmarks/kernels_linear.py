@@ -532,6 +532,24 @@ def input_split_sweeps(ms: tuple = (1, 2, 8, 16)) -> list:
     return [(op, m, "rand50", configs) for op in ("down", "o_proj") for m in ms]
 
 
+def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
+    """The query projection's output-group GEMV and the output projection's input-group GEMV (K = 4096: 32 MB weights,
+    where a launch's fixed time is a large part) with fewer K splits and deeper pipelines than their defaults (8 and 4
+    splits), every mask kind, three draws of the 50% mask at one token (``kernels_linear_sweep_small_k_decode.json``)."""
+    def out_gemv(block_n: int, block_k: int, split: int, stages: int) -> dict:
+        return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=stages)
+
+    def in_gemv(block_n: int, split: int, stages: int) -> dict:
+        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=split, num_warps=4, num_stages=stages)
+    q = [out_gemv(64, 128, 8, 4), out_gemv(64, 128, 4, 6), out_gemv(32, 128, 4, 6), out_gemv(32, 128, 2, 8),
+         out_gemv(32, 128, 1, 12), out_gemv(64, 128, 2, 8), out_gemv(32, 256, 2, 4), out_gemv(64, 256, 4, 3)]
+    o = [in_gemv(64, 4, 5), in_gemv(32, 1, 12), in_gemv(32, 1, 16), in_gemv(32, 2, 10), in_gemv(64, 2, 8),
+         in_gemv(16, 1, 16), in_gemv(32, 4, 8)]
+    masks = ["rand50", "rand50", "rand50", "pattern50", "rand25", "rand70"]
+    return [(op, m, mask, configs) for m in ms for op, configs in (("q_proj", q), ("o_proj", o))
+            for mask in (masks if m == 1 else ["rand50"])]
+
+
 def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1) -> list:
     """Time each case's configurations; with ``repeat`` > 1 the configurations are timed in ``repeat`` interleaved
     rounds (A B A B ...) and ``us`` is the median over rounds, so that drift of the GPU's clocks during the sweep
@@ -656,6 +674,9 @@ def main() -> None:
                     "tiles; --ms: token counts (default 4096)")
     ap.add_argument("--sweep-input-split", action="store_true", help="time the input-group GEMV with K split in "
                     "fewer parts at 1-16 tokens instead (kernels_linear_sweep_input_split.json; --ms)")
+    ap.add_argument("--sweep-small-k-decode", action="store_true", help="time the q / o projection GEMVs with fewer "
+                    "K splits and deeper pipelines at 1-2 tokens, every mask, instead "
+                    "(kernels_linear_sweep_small_k_decode.json; --ms)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -694,6 +715,7 @@ def main() -> None:
               "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),
               "sweep_paired": (with_ms(paired_sweeps), "kernels_linear_sweep_paired.json"),
               "sweep_input_split": (with_ms(input_split_sweeps), "kernels_linear_sweep_input_split.json"),
+              "sweep_small_k_decode": (with_ms(small_k_decode_sweeps), "kernels_linear_sweep_small_k_decode.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

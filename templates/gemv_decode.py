@@ -287,7 +287,11 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
     more than 132 programs (25%: 51.0 / 49.9; a 50% draw with 68 active groups: 47.3 / 37.5, the second wave
     gone). At 2 tokens three quarters are active and 3 stages are faster (50%: 46.2 against 48.4; 70%: 34.2 / 33.4);
     at 4-16 tokens they tie within 0.6 µs. Above 16 tokens 4 stages (32: 60.2 against 61.6; 64: 62.4 / 64.6), fewer
-    where four would not fit in the shared memory (:func:`_gated_stages`)."""
+    where four would not fit in the shared memory (:func:`_gated_stages`).
+
+    The plain form at one token splits K in 4 with 6 stages (``kernels_linear_sweep_small_k_decode.json``, the
+    Llama-3-8B query projection alone, three 50% draws and the clustered, 25% and 70% masks: 12.75 / 8.73 / 7.03 /
+    7.1 / 15.1 / 8.0 µs against 12.98 / 9.05 / 7.26 / 7.4 / 15.3 / 8.2 with 8 splits and 4 stages)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=64, SPLIT=1, num_warps=4, num_stages=1)
     block_n = min(64, max(16, next_pow2(group_size)))
@@ -297,6 +301,8 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=stages)
     if dense:
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=3)
+    if num_tokens == 1 and k_dim >= 2048:  # K in 4, 6 stages: 0.2-0.3 µs less than 8 with 4 on six draws (see above)
+        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=6)
     return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=2 if many else 8, num_warps=4, num_stages=4)
 
 
@@ -363,13 +369,27 @@ def output_groups_gemv(
     return y
 
 
-def input_config(group_size: int) -> dict:
+SHORT_INPUT_GROUPS = 32  # one token over at most this many input groups: one unsplit, deep program per 32 rows ...
+SHORT_INPUT_MIN_ROWS = 2048  # ... when that still gives 64 programs (measured at 4096 rows only)
+
+
+def input_config(group_size: int, num_tokens: int = 16, num_groups: int = 0, n_dim: int = 0) -> dict:
+    """Launch configuration of the input-group GEMV.
+
+    H200 grid (``benchmarks/kernels_linear.py --sweep-decode``, 18-36 configs per case): BLOCK_N 64, BLOCK_K 128,
+    5 stages, SPLIT 4 was fastest for down at M = 1 and 8 and o_proj at M = 1 (21.1 / 37.4 / 13.5 µs); fewer splits
+    are not faster at 2-16 tokens (``kernels_linear_sweep_input_split.json``). One token over at most
+    ``SHORT_INPUT_GROUPS`` groups (the Llama-3-8B output projection: 32) takes 32-row tiles, K not split, 12 stages
+    (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70% masks: 8.3 / 10.5 /
+    7.1 / 8.3 / 9.5 / 7.2 µs against 9.2 / 11.5 / 8.5 / 9.1 / 10.9 / 8.6); the down projection's 112 groups keep the
+    split (18.6 against 18.9 at one token, slower at two: 30.8 / 28.3, ``kernels_linear_sweep_input_split.json``)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
                     num_stages=1)
-    # H200 grid (benchmarks/kernels_linear.py --sweep-decode, 18-36 configs per case): BLOCK_N 64, BLOCK_K 128,
-    # 5 stages, SPLIT 4 was fastest for down at M = 1 and 8 and o_proj at M = 1 (21.1 / 37.4 / 13.5 µs).
-    return dict(BLOCK_N=64, BLOCK_K=largest_pow2_divisor(group_size, 128), SPLIT=4, num_warps=4, num_stages=5)
+    block_k = largest_pow2_divisor(group_size, 128)
+    if num_tokens == 1 and 0 < num_groups <= SHORT_INPUT_GROUPS and n_dim >= SHORT_INPUT_MIN_ROWS:
+        return dict(BLOCK_N=32, BLOCK_K=block_k, SPLIT=1, num_warps=4, num_stages=12)
+    return dict(BLOCK_N=64, BLOCK_K=block_k, SPLIT=4, num_warps=4, num_stages=5)
 
 
 def input_groups_gemv(
@@ -392,7 +412,7 @@ def input_groups_gemv(
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
     num_groups = k_dim // group_size
-    cfg = dict(input_config(group_size), **(config or {}))
+    cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim), **(config or {}))
     block_k = cfg["BLOCK_K"]
     if block_k < 16 or group_size % block_k:
         raise ValueError(f"input_group_linear: group_size {group_size} needs a multiple of 16 for the GEMV path")

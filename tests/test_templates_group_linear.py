@@ -526,17 +526,36 @@ def test_output_groups_with_dense_linears(k, m, kind, with_bias):
 
 def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
     """The GPU launch rule (H200 sweep, benchmarks/results/kernels_qkv_sweep.json): a query projection launched with
-    its key and value projections splits K in 4 with 3 stages; alone in 8 with 4; the gated form does not split."""
+    its key and value projections splits K in 4 with 3 stages; alone (2-16 tokens) in 8 with 4; the gated form does not
+    split."""
     gemv = k["gemv_decode"]
     monkeypatch.setattr(gemv, "interpreting", lambda: False)
     assert gemv.output_config(512, 4096, False, dense=2) == dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4,
                                                                  num_stages=3)
-    assert gemv.output_config(512, 4096, False)["SPLIT"] == 8
+    assert gemv.output_config(512, 4096, False, num_tokens=4)["SPLIT"] == 8
     assert gemv.output_config(128, 4096, True)["SPLIT"] == 1
     assert gemv.output_config(512, 4096, False, num_tokens=64)["SPLIT"] == 2  # over 16 tokens
     gated_stages = {m: gemv.output_config(128, 4096, True, num_tokens=m)["num_stages"] for m in (1, 2, 16, 32, 64, 128)}
     assert gated_stages == {1: 4, 2: 3, 16: 3, 32: 4, 64: 4, 128: 3}  # 4 stages of 128-token tiles would not fit
     assert gemv.output_config(128, 4096, True)["BLOCK_N"] == 64  # 32-row tiles were slower in the model at one token
+
+
+def test_decode_configs_at_one_token(k, monkeypatch):
+    """One token (H200, kernels_linear_sweep_small_k_decode.json): the query projection alone splits K in 4 with 6
+    stages; the output projection (32 groups, 4096 rows) runs unsplit 32-row tiles with 12 stages; the down
+    projection (112 groups), small weights and more tokens keep the defaults."""
+    gemv = k["gemv_decode"]
+    monkeypatch.setattr(gemv, "interpreting", lambda: False)
+    assert gemv.output_config(512, 4096, False, num_tokens=1) == dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4,
+                                                                      num_stages=6)
+    assert gemv.output_config(512, 4096, False, num_tokens=2)["SPLIT"] == 8
+    assert gemv.output_config(64, 576, False, num_tokens=1)["SPLIT"] == 8  # small K: as before
+    short = dict(BLOCK_N=32, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=12)
+    default = dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=5)
+    assert gemv.input_config(128, num_tokens=1, num_groups=32, n_dim=4096) == short  # o_proj
+    assert gemv.input_config(128, num_tokens=1, num_groups=112, n_dim=4096) == default  # down
+    assert gemv.input_config(128, num_tokens=2, num_groups=32, n_dim=4096) == default
+    assert gemv.input_config(128, num_tokens=1, num_groups=12, n_dim=576) == default  # few rows: as before
 
 
 @pytest.mark.parametrize(("op", "tokens", "gemv"), [
