@@ -379,8 +379,8 @@ def input_config(group_size: int, num_tokens: int = 16, num_groups: int = 0, n_d
     H200 grid (``benchmarks/kernels_linear.py --sweep-decode``, 18-36 configs per case): BLOCK_N 64, BLOCK_K 128,
     5 stages, SPLIT 4 was fastest for down at M = 1 and 8 and o_proj at M = 1 (21.1 / 37.4 / 13.5 µs); fewer splits
     are not faster at 2-16 tokens (``kernels_linear_sweep_input_split.json``). One token over at most
-    ``SHORT_INPUT_GROUPS`` groups (the Llama-3-8B output projection: 32) takes 32-row tiles, K not split, 12 stages
-    (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70% masks: 8.3 / 10.5 /
+    ``SHORT_INPUT_GROUPS`` groups (the Llama-3-8B output projection: 8 of 512) takes 32-row tiles, K not split, 12
+    stages (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70% masks: 8.3 / 10.5 /
     7.1 / 8.3 / 9.5 / 7.2 µs against 9.2 / 11.5 / 8.5 / 9.1 / 10.9 / 8.6); the down projection's 112 groups keep the
     split (18.6 against 18.9 at one token, slower at two: 30.8 / 28.3, ``kernels_linear_sweep_input_split.json``)."""
     if interpreting():

@@ -542,7 +542,7 @@ def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
 
 def test_decode_configs_at_one_token(k, monkeypatch):
     """One token (H200, kernels_linear_sweep_small_k_decode.json): the query projection alone splits K in 4 with 6
-    stages; the output projection (32 groups, 4096 rows) runs unsplit 32-row tiles with 12 stages; the down
+    stages; the output projection (8 groups of 512, 4096 rows) runs unsplit 32-row tiles with 12 stages; the down
     projection (112 groups), small weights and more tokens keep the defaults."""
     gemv = k["gemv_decode"]
     monkeypatch.setattr(gemv, "interpreting", lambda: False)
@@ -552,7 +552,8 @@ def test_decode_configs_at_one_token(k, monkeypatch):
     assert gemv.output_config(64, 576, False, num_tokens=1)["SPLIT"] == 8  # small K: as before
     short = dict(BLOCK_N=32, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=12)
     default = dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=5)
-    assert gemv.input_config(128, num_tokens=1, num_groups=32, n_dim=4096) == short  # o_proj
+    assert gemv.input_config(512, num_tokens=1, num_groups=8, n_dim=4096) == short  # o_proj
+    assert gemv.input_config(128, num_tokens=1, num_groups=32, n_dim=4096) == short
     assert gemv.input_config(128, num_tokens=1, num_groups=112, n_dim=4096) == default  # down
     assert gemv.input_config(128, num_tokens=2, num_groups=32, n_dim=4096) == default
     assert gemv.input_config(128, num_tokens=1, num_groups=12, n_dim=576) == default  # few rows: as before
