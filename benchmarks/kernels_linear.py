@@ -535,7 +535,8 @@ def input_split_sweeps(ms: tuple = (1, 2, 8, 16)) -> list:
 def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     """The query projection's output-group GEMV and the output projection's input-group GEMV (K = 4096: 32 MB weights,
     where a launch's fixed time is a large part) with fewer K splits and deeper pipelines than their defaults (8 and 4
-    splits), every mask kind, three draws of the 50% mask at one token (``kernels_linear_sweep_small_k_decode.json``)."""
+    splits), every mask kind, three draws of the 50% mask at one token
+    (``kernels_linear_sweep_small_k_decode.json``)."""
     def out_gemv(block_n: int, block_k: int, split: int, stages: int) -> dict:
         return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=stages)
 

@@ -380,9 +380,10 @@ def input_config(group_size: int, num_tokens: int = 16, num_groups: int = 0, n_d
     5 stages, SPLIT 4 was fastest for down at M = 1 and 8 and o_proj at M = 1 (21.1 / 37.4 / 13.5 µs); fewer splits
     are not faster at 2-16 tokens (``kernels_linear_sweep_input_split.json``). One token over at most
     ``SHORT_INPUT_GROUPS`` groups (the Llama-3-8B output projection: 8 of 512) takes 32-row tiles, K not split, 12
-    stages (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70% masks: 8.3 / 10.5 /
-    7.1 / 8.3 / 9.5 / 7.2 µs against 9.2 / 11.5 / 8.5 / 9.1 / 10.9 / 8.6); the down projection's 112 groups keep the
-    split (18.6 against 18.9 at one token, slower at two: 30.8 / 28.3, ``kernels_linear_sweep_input_split.json``)."""
+    stages (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70% masks:
+    8.3 / 10.5 / 7.1 / 8.3 / 9.5 / 7.2 µs against 9.2 / 11.5 / 8.5 / 9.1 / 10.9 / 8.6); the down projection's 112
+    groups keep the split (18.6 against 18.9 at one token, slower at two: 30.8 / 28.3,
+    ``kernels_linear_sweep_input_split.json``)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
                     num_stages=1)
