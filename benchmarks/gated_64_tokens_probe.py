@@ -5,8 +5,9 @@ OUT set: writes $OUT/kernels_linear_sweep_gated_64_tokens.json (the committed fi
 import sys, os, json, torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels_linear as kl
+from kernels_linear_sweeps import _gated_gemv
 gen = torch.Generator(device="cuda").manual_seed(0)
-G = kl._gated_gemv
+G = _gated_gemv
 configs = [G(64, 128, 4), G(64, 64, 6), G(64, 64, 8), G(64, 64, 8, 8), G(64, 64, 7), G(64, 128, 4, 8), G(32, 64, 8)]
 sweeps = [("gate_up", m, mask, configs) for m in (64, 32) for mask in ("rand50", "pattern50")]
 rows = kl.run_sweep(gen, sweeps, repeat=5)

@@ -1,0 +1,280 @@
+"""The configuration grids that ``benchmarks/kernels_linear.py --sweep-*`` times (one function per flag; each
+returns ``[(op, tokens, mask, [config, ...]), ...]`` for ``kernels_linear.run_sweep``), and the result file each one
+was committed as. ``SWEEPS`` is the plain ``--sweep`` grid."""
+from __future__ import annotations
+
+from kernels_linear_ops import MASKS, OPS
+
+
+SWEEPS = [
+    # (op, M, mask, [configs]); GEMM: BLOCK_M/BLOCK_N/BLOCK_K/num_warps/num_stages (+SPLIT, GROUP_N)
+    ("gate_up", 256, "rand50", [dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
+                               dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+                               dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)]),
+    ("gate_up", 1024, "rand50", [dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
+                                dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)]),
+    ("down_pm", 4096, "rand50", [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                                dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
+                                dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)]),
+    ("down_pm", 4096, "pattern50", [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                                   dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=5)]),
+    ("down", 4096, "rand50", [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                             dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)]),
+    ("down_pm", 256, "rand50", [dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+                               dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                               dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, SPLIT=1),
+                               dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, SPLIT=8),
+                               dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)]),
+    ("down_pm", 1024, "rand50", [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4),
+                                dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                                dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)]),
+    # GEMV: BLOCK_N/BLOCK_K/num_warps/num_stages/SPLIT
+    ("gate_up", 1, "rand50", [dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=1),
+                             dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=2),
+                             dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=4),
+                             dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=4)]),
+    ("gate_up", 16, "rand50", [dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=1),
+                              dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=2),
+                              dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=4)]),
+    ("q_proj", 1, "rand50", [dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT=1),
+                            dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT=4),
+                            dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT=8),
+                            dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT=4),
+                            dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=8)]),
+    ("q_proj", 16, "rand50", [dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT=4),
+                             dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT=4),
+                             dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=8)]),
+    ("down", 1, "rand50", [dict(BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=6, SPLIT=1),
+                          dict(BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=6, SPLIT=4),
+                          dict(BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=6, SPLIT=8),
+                          dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=6, SPLIT=4),
+                          dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=8)]),
+    ("down", 16, "rand50", [dict(BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=6, SPLIT=4),
+                           dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=6, SPLIT=4),
+                           dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT=8)]),
+    ("o_proj", 1, "rand50", [dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=6, SPLIT=2),
+                            dict(BLOCK_N=16, BLOCK_K=128, num_warps=4, num_stages=6, SPLIT=4),
+                            dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=6, SPLIT=4)]),
+]
+
+
+def decode_sweeps() -> list:
+    """A grid over the input-group GEMV's tile (BLOCK_N x BLOCK_K), pipeline depth and split, for the decode cases
+    that are furthest from their byte bound (down and o_proj at one token; down at 8)."""
+    grid = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=st, SPLIT=sp)
+            for bn in (16, 32, 64) for bk in (128, 256) for st in (5, 9) for sp in (4, 8, 16)]
+    down = [c for c in grid if c["BLOCK_K"] == 128]  # group size 128
+    return [("down", 1, "rand50", down), ("o_proj", 1, "rand50", grid), ("down", 8, "rand50", down)]
+
+
+def tma_sweeps(ms: tuple = (4096, 16384), wide: bool = True) -> list:
+    """The prefill gate/up GEMM with its weight tiles through TMA descriptors (``TMA=True``) or pointer loads, at the
+    128 x 128 x 64 tile with 8 warps; ``wide``: also other pipeline depths and tiles (the first sweep,
+    ``kernels_linear_sweep_tma_v1.json``), else only the pointer loads with 3 stages (the old default) and TMA with 3
+    and 4 stages, followed by the query projection's output-group GEMM at its default tile with and without TMA."""
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
+    base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8)
+    configs = [dict(base, num_stages=3, TMA=False), dict(base, num_stages=3, TMA=True),
+               dict(base, num_stages=4, TMA=True)]
+    if wide:
+        configs += [dict(base, BLOCK_K=128, num_stages=2, TMA=True), dict(base, num_stages=4, TMA=False),
+                    dict(base, BLOCK_N=64, num_stages=4, TMA=True),
+                    dict(base, BLOCK_M=64, num_warps=4, num_stages=4, TMA=True)]
+        return [("gate_up", m, "rand50", configs) for m in ms]
+    q_configs = {m: [dict(q_default(m, OPS["q_proj"]["gs"]), TMA=t) for t in (False, True)] for m in ms}
+    return ([("gate_up", m, "rand50", configs) for m in ms]
+            + [("q_proj", m, "rand50", q_configs[m]) for m in ms])
+
+
+def gate_up_tile_sweeps(ms: tuple = (4096,)) -> list:
+    """The prefill gate/up GEMM at its TMA default (128 x 128 tiles, 8 warps, 4 stages) against tiles of 256 tokens
+    by 64 columns (each accumulator 256 x 64: the A tile read once per 128 MMA columns, as in cuBLAS's 256 x 128) and
+    the program order's group width ``GROUP_N``, and Triton's automatic warp specialisation of the K loop
+    (``WARP_SPECIALIZE``; stop 14's run had no such rows), and (stop 21) 128-wide K steps or one warpgroup per program
+    (``kernels_linear_sweep_gate_up_tiles.json``)."""
+    base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True)
+    wide_m = dict(base, BLOCK_M=256, BLOCK_N=64)
+    configs = [base, dict(base, WARP_SPECIALIZE=True), dict(base, WARP_SPECIALIZE=True, num_stages=3),
+               dict(base, GROUP_N=16), wide_m, dict(base, BLOCK_N=64, num_stages=5),
+               # stop 21 (ncu: CTA-barrier stalls, one per K step): half the barriers per FLOP, or barriers over 4 warps
+               dict(base, BLOCK_K=128, num_stages=2), dict(base, BLOCK_M=64, num_warps=4),
+               dict(base, BLOCK_M=64, num_warps=4, num_stages=3)]
+    return [("gate_up", m, "rand50", configs) for m in ms]
+
+
+def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384), splits: tuple = (1, 2, 4)) -> list:
+    """The prefill gate/up GEMM and the query projection's output-group GEMM at their default tiles with and without
+    ``TAIL_SPLIT`` 1 / 2 / 4 (a group's last tile with at most half / a quarter of its rows active runs its products on
+    that many rows: at 50% and 4096 tokens about 1.5% of the gate/up tiles' rows are padding that halves remove;
+    ``kernels_linear_sweep_half_tail.json``)."""
+    from wide_compile.templates.gemm_gated_up import default_config
+
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
+    gs, q_gs = OPS["gate_up"]["gs"], OPS["q_proj"]["gs"]
+    q_groups = OPS["q_proj"]["N"] // q_gs
+    return ([("gate_up", m, "rand50", [dict(default_config(m, gs), TAIL_SPLIT=t) for t in splits]) for m in ms]
+            + [("q_proj", m, "rand50", [dict(q_default(m, q_gs, q_groups), TAIL_SPLIT=t)
+                                       for t in splits])
+               for m in ms])
+
+
+def active_first_sweeps(ms: tuple = (4096, 16384, 1024)) -> list:
+    """The prefill gate/up GEMM and the query projection's output-group GEMM at their default tiles with and without
+    ``ACTIVE_FIRST`` (the tiles below the largest group's count first, the zero-only tiles last, where they can fill
+    the SMs the last wave of MMA tiles leaves idle; ``kernels_linear_sweep_active_first.json``)."""
+    from wide_compile.templates.gemm_gated_up import default_config
+
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
+    gs, q_gs = OPS["gate_up"]["gs"], OPS["q_proj"]["gs"]
+    q_groups = OPS["q_proj"]["N"] // q_gs
+    return ([("gate_up", m, "rand50", [dict(default_config(m, gs), ACTIVE_FIRST=a) for a in (False, True)])
+             for m in ms]
+            + [("q_proj", m, "rand50", [dict(q_default(m, q_gs, q_groups), ACTIVE_FIRST=a) for a in (False, True)])
+               for m in ms])
+
+
+def query_tile_sweeps(ms: tuple = (4096,)) -> list:
+    """The query projection's output-group GEMM (8 groups of 512) at its default tile for many tokens (128 x 256,
+    8 warps, TMA, half-height tails) with 3 and 4 pipeline stages, against other tile shapes and program orders
+    (``kernels_linear_sweep_query_tiles.json``)."""
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
+    q_gs = OPS["q_proj"]["gs"]
+    sweeps = []
+    for m in ms:
+        base = q_default(m, q_gs, OPS["q_proj"]["N"] // q_gs)
+        sweeps.append(("q_proj", m, "rand50", [
+            dict(base, num_stages=3), dict(base, num_stages=4), dict(base, BLOCK_N=128, num_stages=3),
+            dict(base, BLOCK_N=128, num_stages=4), dict(base, BLOCK_M=256, BLOCK_N=128), dict(base, GROUP_N=4),
+            dict(base, GROUP_N=16), dict(base, TAIL_SPLIT=4)]))
+    return sweeps
+
+
+def paired_sweeps(ms: tuple = (256, 512, 1024, 2048, 4096, 8192, 16384)) -> list:
+    """The prefill gate/up GEMM with the gate and up tiles in one TMA box and one MMA per K step (``PAIRED``, the
+    default with TMA since stop 24) against two boxes and two MMAs (``PAIRED=False``) at the default tiles; below 2048
+    tokens also TMA + ``PAIRED`` on narrower or shorter tiles (256-511 tokens defaulted to pointer loads when the
+    committed sweep ran; that sweep made TMA their default), and from 8192 4 stages against the default 3
+    (``kernels_linear_sweep_paired.json``)."""
+    from wide_compile.templates.gemm_gated_up import default_config
+
+    sweeps = []
+    for m in ms:
+        base = default_config(m, OPS["gate_up"]["gs"])
+        configs = [base, dict(base, PAIRED=False)] if base.get("TMA") else [base]
+        if m < 2048:
+            configs += [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, num_warps=w, num_stages=st, TMA=True, TAIL_SPLIT=2)
+                        for bm, bn, w in ((128, 64, 4), (64, 128, 4), (128, 128, 8)) for st in (3, 4)]
+        if m >= 8192:
+            configs.append(dict(base, num_stages=4))
+        sweeps.append(("gate_up", m, "rand50", configs))
+    return sweeps
+
+
+def moderate_tile_sweeps() -> list:
+    """The output-group GEMMs (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 64-1024 tokens,
+    where the default tiles leave few programs per group (64 tokens: 32 programs for the query projection) or spill
+    binomially over tile edges (256 tokens: 128 +- 8 active per group): token tile x output tile x pipeline depth
+    (``kernels_linear_sweep_moderate.json``)."""
+    def grid(bms, bns, stages=(3, 4), tma=(False,)):
+        return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, num_warps=8 if bm * bn >= 128 * 128 else 4,
+                     num_stages=st, TMA=t) for bm in bms for bn in bns for st in stages for t in tma]
+    return [("q_proj", 64, "rand50", grid((32, 64), (32, 64, 128), stages=(4,))),
+            ("q_proj", 256, "rand50", grid((32, 64, 128), (32, 64, 128), stages=(4,))),
+            ("q_proj", 1024, "rand50", grid((64, 128), (64, 128), tma=(False, True))),
+            ("gate_up", 64, "rand50", grid((32, 64), (32, 64, 128), stages=(3,))),
+            ("gate_up", 256, "rand50", grid((32, 64, 128), (64, 128), stages=(3, 4))),
+            ("gate_up", 1024, "rand50", grid((64, 128), (64, 128), stages=(3, 4), tma=(True,)))]
+
+
+def moderate_gemv_sweeps() -> list:
+    """The output-group ops (query projection: 8 groups of 512; gate/up: 112 groups of 128) at 32-256 tokens, where
+    with i.i.d. masks almost every group is active for some token, so the weight bytes are dense: the GEMV kernel
+    (``path="gemv"``: one tile of all tokens, reads each active weight tile once, tensor cores on W x^T, split K)
+    against the GEMM over reordered per-group token lists at its default tiles (``path="gemm"``) (``kernels_linear_sweep_moderate_gemv.json``)."""
+    def gemv(bns, bks, splits, stages=(3, 4)):
+        return [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT=sp, num_warps=4, num_stages=st)
+                for bn in bns for bk in bks for sp in splits for st in stages]
+    sweeps = []
+    for m in (32, 64, 128, 256):
+        sweeps.append(("q_proj", m, "rand50", [dict(path="gemm")] + gemv((32, 64), (128,), (2, 4, 8), (4,))))
+        sweeps.append(("gate_up", m, "rand50", [dict(path="gemm")] + gemv((32, 64), (128,), (1, 2), (3,))))
+    return sweeps
+
+
+def gated_decode_sweeps() -> list:
+    """The fused gate/up GEMV at 1-16 tokens (its default: 64-row tiles, no split of K, 4 stages; at 50% one token
+    leaves about 112 active programs for 132 SMs) against splitting K and narrower tiles
+    (``kernels_linear_sweep_gated_decode.json``)."""
+    configs = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=128, SPLIT=sp, num_warps=4, num_stages=st)
+               for bn, sp, st in ((64, 1, 4), (64, 2, 4), (64, 4, 4), (32, 1, 4), (32, 2, 4), (32, 4, 4), (64, 2, 3))]
+    return [("gate_up", m, "rand50", configs) for m in (1, 4, 16)]
+
+
+def _gated_gemv(block_n: int, block_k: int, stages: int, warps: int = 4) -> dict:
+    """One configuration of the fused gate/up GEMV for the sweeps below (K not split)."""
+    return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=1, num_warps=warps, num_stages=stages)
+
+
+def gated_moderate_sweeps(ms: tuple = (1, 2, 32, 64)) -> list:
+    """The fused gate/up GEMV's tile height, pipeline depth and warps where its issue-4 rows miss 90% of the byte
+    bound (2 tokens: ~168 of 224 programs active for 132 SMs; 64 tokens, where "auto" takes the GEMM) and at one
+    token (``kernels_linear_sweep_gated_moderate.json``)."""
+    few = [_gated_gemv(64, 128, 4, 4), _gated_gemv(32, 128, 4, 4), _gated_gemv(32, 128, 3, 4),
+           _gated_gemv(64, 128, 3, 4), _gated_gemv(64, 128, 4, 8), _gated_gemv(32, 128, 6, 4)]
+    many = [dict(path="gemm"), _gated_gemv(64, 128, 3, 4), _gated_gemv(64, 128, 4, 4), _gated_gemv(64, 128, 4, 8),
+            _gated_gemv(32, 128, 4, 4), _gated_gemv(128, 128, 2, 8)]
+    return [("gate_up", m, "rand50", few if m <= 16 else many) for m in ms]
+
+
+def gated_stage_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32, 64, 128)) -> list:
+    """The fused gate/up GEMV's pipeline: 4 stages of 128-wide K steps (one program per SM), 3 (two fit), and up to 16
+    tokens 5 / 6 / 8 stages of 64-wide steps (two / two / one per SM); above 16 tokens the GEMM beside them; every
+    mask kind (``kernels_linear_sweep_gated_stages.json``; ``_v1.json``: the first run, 128-wide steps only)."""
+    few = [_gated_gemv(64, 128, 4), _gated_gemv(64, 128, 3), _gated_gemv(64, 64, 5), _gated_gemv(64, 64, 6),
+           _gated_gemv(64, 64, 8)]
+    many = [_gated_gemv(64, 128, 4), _gated_gemv(64, 128, 3), dict(path="gemm")]
+    return [("gate_up", m, mask, few if m <= 16 else many) for m in ms for mask in MASKS]
+
+
+def gated_wide_k_sweeps(ms: tuple = (1, 2, 4)) -> list:
+    """The fused gate/up GEMV with 256-wide K steps (512 B of each weight row per load instead of 256 B: fewer, longer
+    runs per DRAM page) against its default 128-wide ones, 4 / 8 warps, 32- / 64-row tiles, every mask kind
+    (``kernels_linear_sweep_gated_wide_k.json``)."""
+    configs = [_gated_gemv(64, 128, 4, 4), _gated_gemv(64, 256, 2, 4), _gated_gemv(64, 256, 3, 4),
+               _gated_gemv(64, 256, 2, 8), _gated_gemv(64, 256, 3, 8), _gated_gemv(32, 256, 3, 4),
+               _gated_gemv(32, 256, 4, 4), _gated_gemv(64, 128, 4, 8)]
+    return [("gate_up", m, mask, configs) for m in ms for mask in MASKS]
+
+
+def input_split_sweeps(ms: tuple = (1, 2, 8, 16)) -> list:
+    """The input-group GEMV (down / o_proj) with K split in fewer parts than its default 4: each split's last program
+    sums the partials, a tail on the critical path that the unsplit gated GEMV has not; fewer splits need taller or
+    deeper pipelines to keep the bytes in flight (``kernels_linear_sweep_input_split.json``)."""
+    def gemv(block_n: int, stages: int, split: int) -> dict:
+        return dict(BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=stages, SPLIT=split)
+    configs = [gemv(64, 5, 4), gemv(64, 5, 2), gemv(64, 8, 2), gemv(64, 5, 3), gemv(32, 5, 2), gemv(32, 8, 2),
+               gemv(32, 8, 1), gemv(32, 12, 1), gemv(16, 8, 1), gemv(16, 12, 1), gemv(128, 4, 2)]
+    return [(op, m, "rand50", configs) for op in ("down", "o_proj") for m in ms]
+
+
+def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
+    """The query projection's output-group GEMV and the output projection's input-group GEMV (K = 4096: 32 MB weights,
+    where a launch's fixed time is a large part) with fewer K splits and deeper pipelines than their defaults (8 and 4
+    splits), every mask kind, three draws of the 50% mask at one token
+    (``kernels_linear_sweep_small_k_decode.json``)."""
+    def out_gemv(block_n: int, block_k: int, split: int, stages: int) -> dict:
+        return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=stages)
+
+    def in_gemv(block_n: int, split: int, stages: int) -> dict:
+        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=split, num_warps=4, num_stages=stages)
+    q = [out_gemv(64, 128, 8, 4), out_gemv(64, 128, 4, 6), out_gemv(32, 128, 4, 6), out_gemv(32, 128, 2, 8),
+         out_gemv(32, 128, 1, 12), out_gemv(64, 128, 2, 8), out_gemv(32, 256, 2, 4), out_gemv(64, 256, 4, 3)]
+    o = [in_gemv(64, 4, 5), in_gemv(32, 1, 12), in_gemv(32, 1, 16), in_gemv(32, 2, 10), in_gemv(64, 2, 8),
+         in_gemv(16, 1, 16), in_gemv(32, 4, 8)]
+    masks = ["rand50", "rand50", "rand50", "pattern50", "rand25", "rand70"]
+    return [(op, m, mask, configs) for m in ms for op, configs in (("q_proj", q), ("o_proj", o))
+            for mask in (masks if m == 1 else ["rand50"])]
