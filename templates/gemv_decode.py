@@ -373,8 +373,9 @@ SHORT_INPUT_GROUPS = 32  # one token over at most this many input groups: one un
 SHORT_INPUT_MIN_ROWS = 2048  # ... when that still gives 64 programs (measured at 4096 rows only)
 
 
-def input_config(group_size: int, num_tokens: int = 16, num_groups: int = 0, n_dim: int = 0) -> dict:
-    """Launch configuration of the input-group GEMV.
+def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_dim: int = 0) -> dict:
+    """Launch configuration of the input-group GEMV (``num_tokens`` / ``num_groups`` / ``n_dim`` 0: not known, the
+    general default).
 
     H200 grid (``benchmarks/kernels_linear.py --sweep-decode``, 18-36 configs per case): BLOCK_N 64, BLOCK_K 128,
     5 stages, SPLIT 4 was fastest for down at M = 1 and 8 and o_proj at M = 1 (21.1 / 37.4 / 13.5 µs); fewer splits
