@@ -39,8 +39,7 @@ from kernels_linear_ops import MASKS, MS, OPS  # noqa: E402  (benchmarks/ is the
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
     gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_split_sweeps, moderate_gemv_sweeps,
-    moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, rows_balanced_sweeps, small_k_decode_sweeps,
-    tma_sweeps,
+    moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, small_k_decode_sweeps, tma_sweeps,
 )
 
 DT = torch.bfloat16
@@ -397,9 +396,6 @@ def main() -> None:
     ap.add_argument("--sweep-small-k-decode", action="store_true", help="time the q / o projection GEMVs with fewer "
                     "K splits and deeper pipelines at 1-2 tokens, every mask, instead "
                     "(kernels_linear_sweep_small_k_decode.json; --ms)")
-    ap.add_argument("--sweep-rows-balanced", action="store_true", help="time the one-token gate/up GEMV with its "
-                    "rows split evenly over the SMs against one program per tile instead "
-                    "(kernels_linear_sweep_rows_balanced.json)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -439,7 +435,6 @@ def main() -> None:
               "sweep_paired": (with_ms(paired_sweeps), "kernels_linear_sweep_paired.json"),
               "sweep_input_split": (with_ms(input_split_sweeps), "kernels_linear_sweep_input_split.json"),
               "sweep_small_k_decode": (with_ms(small_k_decode_sweeps), "kernels_linear_sweep_small_k_decode.json"),
-              "sweep_rows_balanced": (with_ms(rows_balanced_sweeps), "kernels_linear_sweep_rows_balanced.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

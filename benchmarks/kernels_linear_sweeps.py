@@ -278,12 +278,3 @@ def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     masks = ["rand50", "rand50", "rand50", "pattern50", "rand25", "rand70"]
     return [(op, m, mask, configs) for m in ms for op, configs in (("q_proj", q), ("o_proj", o))
             for mask in (masks if m == 1 else ["rand50"])]
-
-
-def rows_balanced_sweeps(ms: tuple = (1,)) -> list:
-    """The fused gate/up GEMV at one token with the active groups' rows split evenly over one program per SM
-    (``gemv_rows_balanced.py``) against one program per active tile, three draws of the 50% mask and every other mask
-    kind (``kernels_linear_sweep_rows_balanced.json``)."""
-    configs = [dict(_gated_gemv(64, 128, 4), ROWS_BALANCED=False), dict(_gated_gemv(64, 128, 4), ROWS_BALANCED=True)]
-    masks = ["rand50", "rand50", "rand50", "pattern50", "rand25", "rand70"]
-    return [("gate_up", m, mask, configs) for m in ms for mask in masks]

@@ -28,7 +28,6 @@ from ._triton_utils import (
 )
 from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
-from .gemv_rows_balanced import rows_balanced_applies, rows_balanced_gemv
 
 if HAS_TRITON:
     import triton
@@ -344,10 +343,6 @@ def output_groups_gemv(
     split = max(1, min(split, cdiv(k_dim, block_k)))
     block_t = _token_tile(num_tokens)
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
-    balanced = cfg.get("ROWS_BALANCED", gated and ROWS_BALANCED)
-    if balanced and split == 1 and not dense and rows_balanced_applies(num_tokens, group_size, n_dim // group_size,
-                                                                         block_n):
-        return rows_balanced_gemv(x, weight, bias, mask_rows, group_size, y, cfg, w_up, activation)
     ws, counters = _split_workspace(x.device, tiles, split, block_n, block_t) if split > 1 else (x, x)
     pads = [*dense, *(dense[-1:] if dense else [(weight, bias, y)]) * (2 - len(dense))]  # unused slots: any pointer
     _output_groups_gemv_kernel[(tiles * split,)](
@@ -373,10 +368,6 @@ def output_groups_gemv(
     )
     return y
 
-
-# The fused gate/up at one token splits the active groups' rows evenly over one program per SM
-# (gemv_rows_balanced.py) instead of one program per active tile; config key "ROWS_BALANCED" overrides.
-ROWS_BALANCED = True
 
 SHORT_INPUT_GROUPS = 32  # one token over at most this many input groups: one unsplit, deep program per 32 rows ...
 SHORT_INPUT_MIN_ROWS = 2048  # ... when that still gives 64 programs (measured at 4096 rows only)

@@ -21,7 +21,6 @@ _KERNEL_MODULES = (
     "wide_compile.templates.gemm_output_groups",
     "wide_compile.templates.gemm_gated_up",
     "wide_compile.templates.gemm_input_groups",
-    "wide_compile.templates.gemv_rows_balanced",
     "wide_compile.templates.gemv_decode",
     "wide_compile.templates.group_linear",
     "wide_compile.templates.group_linear_with_dense",
@@ -126,57 +125,6 @@ def test_three_ops_match_reference(k, dtype, m, kind):
     yd = lin.input_group_linear(xd, wd, mask, gs, bias[:d], plan, out=_poisoned((m, d), dtype), path=path)
     _check(yd, ref_d, dtype)
     _check(lin.input_group_linear(xd, wd, mask, gs, bias[:d], plan), ref_d, dtype)  # "auto" path
-
-
-@pytest.mark.parametrize("programs", [1, 3, 8, 40])
-@pytest.mark.parametrize("kind", MASKS)
-@pytest.mark.parametrize(("gs", "n", "d", "gated", "with_bias"), [(32, 256, 80, True, False), (48, 144, 96, True, True),
-                                                                 (64, 320, 64, False, True)])
-def test_rows_balanced_gemv_matches_reference(k, programs, kind, gs, n, d, gated, with_bias):
-    """The one-token GEMV over the active groups' rows split evenly among ``programs`` (gemv_rows_balanced.py): more
-    programs than rows, windows across two groups, ragged K (80) and groups (48 rows: windows of 32 straddle them),
-    plain and gated, zeros of unused groups written by the programs' slices."""
-    gen = torch.Generator().manual_seed(programs * 7 + gs + len(kind))
-    dtype = torch.float16
-    x = torch.randn(1, d, generator=gen).to(dtype)
-    w, w2 = ((torch.randn(n, d, generator=gen) / d**0.5).to(dtype) for _ in range(2))
-    b = torch.randn(n, generator=gen).to(dtype) if with_bias else None
-    mask = _mask(kind, 1, n // gs, gen)
-    cfg = dict(BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=1)
-    y = k["gemv_rows_balanced"].rows_balanced_gemv(x, w, b, mask, gs, _poisoned((1, n), dtype), cfg,
-                                                   w2 if gated else None, "gelu", programs=programs)
-    ref = k["ref"]
-    want = (ref.gated_up_groups_reference(x, w, w2, mask, gs, "gelu") if gated
-            else ref.output_group_linear_reference(x, w, mask, gs, b))
-    if gated and with_bias:  # the reference gated op has no bias: add it where the group is active
-        want = want + (b.float() * (mask != 0).repeat_interleave(gs, dim=-1)).to(want.dtype)
-    _check(y, want, dtype, mask, gs)
-
-
-def test_gated_gemv_at_one_token_takes_the_balanced_rows(k, monkeypatch):
-    """``gated_up_groups`` at one token runs the row-balanced kernel (``ROWS_BALANCED``), the per-tile one otherwise
-    and with ``config={"ROWS_BALANCED": False}``; both match the reference."""
-    gemv, lin, ref = k["gemv_decode"], k["group_linear"], k["ref"]
-    calls = []
-    real = gemv.rows_balanced_gemv
-    monkeypatch.setattr(gemv, "rows_balanced_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    gen = torch.Generator().manual_seed(4)
-    x, w, w2 = (torch.randn(r, 96, generator=gen).to(torch.float16) / 10 for r in (2, 256, 256))
-    mask = torch.rand(2, 4, generator=gen) < 0.5
-    for m, cfg, expected in ((1, None, 1), (1, {"ROWS_BALANCED": False}, 0), (2, None, 0)):
-        calls.clear()
-        h = lin.gated_up_groups(x[:m], w, w2, mask[:m], 64, "silu", path="gemv", config=cfg,
-                                out=_poisoned((m, 256), torch.float16))
-        assert len(calls) == expected
-        _check(h, ref.gated_up_groups_reference(x[:m], w, w2, mask[:m], 64, "silu"), torch.float16, mask[:m], 64)
-
-
-def test_rows_balanced_gemv_rejects_windows_larger_than_groups(k):
-    x, w = torch.randn(1, 64), torch.randn(64, 64)
-    with pytest.raises(ValueError, match="group_size >= BLOCK_N"):
-        k["gemv_rows_balanced"].rows_balanced_gemv(x, w, None, torch.ones(1, 4, dtype=torch.bool), 16,
-                                                   torch.empty(1, 64), dict(BLOCK_N=32, BLOCK_K=64, num_warps=4,
-                                                                             num_stages=1))
 
 
 @pytest.mark.parametrize("path", ["gemm", "gemv"])
