@@ -250,14 +250,18 @@ def gated_wide_k_sweeps(ms: tuple = (1, 2, 4)) -> list:
     return [("gate_up", m, mask, configs) for m in ms for mask in MASKS]
 
 
+def _input_gemv(block_n: int, stages: int, split: int) -> dict:
+    """One configuration of the input-group GEMV (down / o_proj) for the sweeps below (128-wide K steps, 4 warps)."""
+    return dict(BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=stages, SPLIT=split)
+
+
 def input_split_sweeps(ms: tuple = (1, 2, 8, 16)) -> list:
     """The input-group GEMV (down / o_proj) with K split in fewer parts than its default 4: each split's last program
     sums the partials, a tail on the critical path that the unsplit gated GEMV has not; fewer splits need taller or
     deeper pipelines to keep the bytes in flight (``kernels_linear_sweep_input_split.json``)."""
-    def gemv(block_n: int, stages: int, split: int) -> dict:
-        return dict(BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=stages, SPLIT=split)
-    configs = [gemv(64, 5, 4), gemv(64, 5, 2), gemv(64, 8, 2), gemv(64, 5, 3), gemv(32, 5, 2), gemv(32, 8, 2),
-               gemv(32, 8, 1), gemv(32, 12, 1), gemv(16, 8, 1), gemv(16, 12, 1), gemv(128, 4, 2)]
+    g = _input_gemv
+    configs = [g(64, 5, 4), g(64, 5, 2), g(64, 8, 2), g(64, 5, 3), g(32, 5, 2), g(32, 8, 2), g(32, 8, 1), g(32, 12, 1),
+               g(16, 8, 1), g(16, 12, 1), g(128, 4, 2)]
     return [(op, m, "rand50", configs) for op in ("down", "o_proj") for m in ms]
 
 
@@ -269,12 +273,10 @@ def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     def out_gemv(block_n: int, block_k: int, split: int, stages: int) -> dict:
         return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=stages)
 
-    def in_gemv(block_n: int, split: int, stages: int) -> dict:
-        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=split, num_warps=4, num_stages=stages)
     q = [out_gemv(64, 128, 8, 4), out_gemv(64, 128, 4, 6), out_gemv(32, 128, 4, 6), out_gemv(32, 128, 2, 8),
          out_gemv(32, 128, 1, 12), out_gemv(64, 128, 2, 8), out_gemv(32, 256, 2, 4), out_gemv(64, 256, 4, 3)]
-    o = [in_gemv(64, 4, 5), in_gemv(32, 1, 12), in_gemv(32, 1, 16), in_gemv(32, 2, 10), in_gemv(64, 2, 8),
-         in_gemv(16, 1, 16), in_gemv(32, 4, 8)]
+    o = [_input_gemv(64, 5, 4), _input_gemv(32, 12, 1), _input_gemv(32, 16, 1), _input_gemv(32, 10, 2),
+         _input_gemv(64, 8, 2), _input_gemv(16, 16, 1), _input_gemv(32, 8, 4)]
     masks = ["rand50", "rand50", "rand50", "pattern50", "rand25", "rand70"]
     return [(op, m, mask, configs) for m in ms for op, configs in (("q_proj", q), ("o_proj", o))
             for mask in (masks if m == 1 else ["rand50"])]
