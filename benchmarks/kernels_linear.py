@@ -39,7 +39,7 @@ from kernels_linear_ops import MASKS, MS, OPS  # noqa: E402  (benchmarks/ is the
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
     gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_split_sweeps, moderate_gemv_sweeps,
-    moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, small_k_decode_sweeps, tma_sweeps,
+    moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
 )
 
 DT = torch.bfloat16
@@ -164,6 +164,27 @@ class Case:
                 fns.append(lambda x=x, w=(self.w_half[i] if half else self.w[i]): F.linear(x, w))
         return fns
 
+    def union_fns(self, mask: torch.Tensor) -> list | None:
+        """cuBLAS on a dense weight holding exactly the groups some token of the batch uses (an oracle static pruner
+        for this batch: the fewest bytes a dense kernel could read), or None for ffn or when every group is used
+        (then it is the dense row). Input groups: x restricted to the same columns, copied outside the timing."""
+        kind, gs = self.cfg["kind"], self.cfg["gs"]
+        used = mask.any(0)
+        if kind == "ffn" or bool(used.all()):
+            return None
+        idx = used.repeat_interleave(gs).nonzero().flatten()
+        fns = []
+        for i in range(len(self.x)):
+            if kind == "gated":
+                w = torch.cat([self.wg[i][idx], self.wu[i][idx]])
+                fns.append(lambda x=self.x[i], w=w: F.linear(x, w))
+            elif kind == "output":
+                fns.append(lambda x=self.x[i], w=self.w[i][idx].contiguous(): F.linear(x, w))
+            else:
+                x_u, w_u = self.x[i][:, idx].contiguous(), self.w[i][:, idx].contiguous()
+                fns.append(lambda x=x_u, w=w_u: F.linear(x, w))
+        return fns
+
     def ours_fns(self, mask: torch.Tensor, config: dict | None = None, block_m: int | None = None) -> list:
         kind, gs, fns = self.cfg["kind"], self.cfg["gs"], []
         decode = self.m <= 16
@@ -247,23 +268,27 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
             if op == "gate_up":
                 timed["dense_act"] = case.dense_fns(half=False, act=True)
             timed.update({f"ours:{mname}": case.ours_fns(mask) for mname, mask in mask_list})
+            timed.update({f"union:{mname}": fns for mname, mask in mask_list
+                          if (fns := case.union_fns(mask)) is not None})
             samples = interleaved(timed, args.rounds)
             med = {key: statistics.median(v) for key, v in samples.items()}
             dense, half = med["dense"], med["half"]
             dense_act = med.get("dense_act", dense)
             for mname, mask in mask_list:
                 ours = med[f"ours:{mname}"]
+                union = med.get(f"union:{mname}", dense if OPS[op]["kind"] != "ffn" else float("nan"))
                 nbytes, flops = cost(op, mask, m)
                 bound = max(nbytes / (ceil["copy_TBps"] * 1e12), flops / (ceil["bf16_mm_TFLOPs"] * 1e12)) * 1e6
                 row = dict(op=op, mask=mname, M=m, ours_us=ours, dense_us=dense, dense_act_us=dense_act,
-                           half_us=half, bound_us=bound, speedup=dense / ours, speedup_vs_dense_act=dense_act / ours,
+                           half_us=half, union_us=union, bound_us=bound, speedup=dense / ours, speedup_vs_dense_act=dense_act / ours,
                            frac_bound=bound / ours, TBps=nbytes / (ours * 1e-6) / 1e12,
                            TFLOPs=flops / (ours * 1e-6) / 1e12, bytes=nbytes, flops=flops,
                            active_frac=float(mask.float().mean()), union_frac=float(mask.any(0).float().mean()),
-                           ours_us_rounds=samples[f"ours:{mname}"], dense_us_rounds=samples["dense"])
+                           ours_us_rounds=samples[f"ours:{mname}"], dense_us_rounds=samples["dense"],
+                           union_us_rounds=samples.get(f"union:{mname}"))
                 rows.append(row)
                 print(f"{op:8s} {mname:9s} M={m:6d} ours {ours:9.1f}us dense {dense:9.1f} half {half:9.1f} "
-                      f"bound {bound:9.1f} x{dense / ours:5.2f} {100 * bound / ours:5.1f}%bound", flush=True)
+                      f"union {union:9.1f} bound {bound:9.1f} x{dense / ours:5.2f} {100 * bound / ours:5.1f}%bound", flush=True)
             del case
             torch.cuda.empty_cache()
     return rows
@@ -344,13 +369,17 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              "token's groups, x_is_masked=True); "
              "*_gemm rows force the skipping GEMM kernel. ffn = plan + gate_up + down (auto paths). "
              "dense = cuBLAS F.linear on the full weight (gate_up: one GEMM on [Wg; Wu], no activation); "
-             "dense+act adds silu(g)*u; half = cuBLAS on a statically half-width weight. speedup = dense / ours. "
-             "bound = max(bytes / copy BW, flops / matmul rate) for this mask.", "",
-             "| op | mask | M | ours | dense | dense+act | half | bound | speedup | % bound | TB/s | TFLOP/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "dense+act adds silu(g)*u; half = cuBLAS on a statically half-width weight; union = cuBLAS on a dense "
+             "weight of exactly the groups some token of the batch uses (an oracle static pruner for this batch; "
+             "input groups with x restricted to those columns; equal to dense where every group is used). "
+             "speedup = dense / ours. bound = max(bytes / copy BW, flops / matmul rate) for this mask.", "",
+             "| op | mask | M | ours | dense | dense+act | half | union | bound | speedup | % bound | TB/s | TFLOP/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        union = r.get("union_us", float("nan"))
         lines.append(f"| {r['op']} | {r['mask']} | {r['M']} | {r['ours_us']:.1f} | {r['dense_us']:.1f} | "
-                     f"{r['dense_act_us']:.1f} | {r['half_us']:.1f} | {r['bound_us']:.1f} | {r['speedup']:.2f} | "
+                     f"{r['dense_act_us']:.1f} | {r['half_us']:.1f} | {union:.1f} | {r['bound_us']:.1f} | "
+                     f"{r['speedup']:.2f} | "
                      f"{100 * r['frac_bound']:.0f}% | {r['TBps']:.2f} | {r['TFLOPs']:.0f} |")
     lines += ["", "## Targets (rand50, per linear; speed-up against dense without activation)", "",
               "| op | M | target | value | met |", "|---|---:|---|---:|---|"]
@@ -396,6 +425,8 @@ def main() -> None:
     ap.add_argument("--sweep-small-k-decode", action="store_true", help="time the q / o projection GEMVs with fewer "
                     "K splits and deeper pipelines at 1-2 tokens, every mask, instead "
                     "(kernels_linear_sweep_small_k_decode.json; --ms)")
+    ap.add_argument("--sweep-rows-gemv", action="store_true", help="time the row-streaming one-token GEMVs "
+                    "(templates/gemv_rows.py) against the MMA GEMVs instead (kernels_linear_sweep_rows_gemv.json; --ms)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -435,6 +466,7 @@ def main() -> None:
               "sweep_paired": (with_ms(paired_sweeps), "kernels_linear_sweep_paired.json"),
               "sweep_input_split": (with_ms(input_split_sweeps), "kernels_linear_sweep_input_split.json"),
               "sweep_small_k_decode": (with_ms(small_k_decode_sweeps), "kernels_linear_sweep_small_k_decode.json"),
+              "sweep_rows_gemv": (with_ms(rows_gemv_sweeps), "kernels_linear_sweep_rows_gemv.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

@@ -280,3 +280,18 @@ def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     masks = ["rand50", "rand50", "rand50", "pattern50", "rand25", "rand70"]
     return [(op, m, mask, configs) for m in ms for op, configs in (("q_proj", q), ("o_proj", o))
             for mask in (masks if m == 1 else ["rand50"])]
+
+
+def rows_gemv_sweeps(ms: tuple = (1,)) -> list:
+    """The row-streaming one-token GEMVs (``templates/gemv_rows.py``: ``ROWS`` weight rows per program through
+    register loads, no split of K) against ``gemv_decode``'s MMA GEMVs (``ROWS=0``) on the 32 MB projections, every
+    mask kind and two draws of the 50% mask, and on the down projection (117 MB) at 50%
+    (``kernels_linear_sweep_rows_gemv.json``)."""
+    rows = [dict(ROWS=r, num_warps=w) for r, w in ((1, 4), (2, 4), (2, 8), (4, 8), (8, 8))]
+    out = []
+    for m in ms:
+        for op in ("q_proj", "o_proj_pm", "o_proj"):
+            out += [(op, m, mask, [dict(ROWS=0), *rows]) for mask in ("rand50", "rand50", "pattern50", "rand25",
+                                                                       "rand70")]
+        out.append(("down_pm", m, "rand50", [dict(ROWS=0), dict(ROWS=1, num_warps=8), dict(ROWS=2, num_warps=8)]))
+    return out

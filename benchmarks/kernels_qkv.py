@@ -39,14 +39,18 @@ SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT=sp, num_warps=4, num_stages=st)
          for bn in (32, 64) for bk in (128, 256) for sp in (2, 4, 8) for st in (3, 5)]
 
 
-def sweep(gen: torch.Generator, weights: list, out_dir: str, tokens: tuple = (1, 4)) -> None:
-    """The joined launch at each of ``tokens`` over ``SWEEP`` (default config first); rows and the best per M."""
+ROWS_SWEEP = [dict(ROWS=0), *(dict(ROWS=r, num_warps=w) for r, w in ((1, 8), (2, 4), (2, 8), (4, 8)))]
+
+
+def sweep(gen: torch.Generator, weights: list, out_dir: str, tokens: tuple = (1, 4), configs: list = SWEEP,
+          name: str = "") -> None:
+    """The joined launch at each of ``tokens`` over ``configs`` (default config first); rows and the best per M."""
     rows = []
     for m in tokens:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(ROTATIONS)]
         masks = [torch.rand(m, HIDDEN // GROUP, generator=gen, device="cuda") < 0.5 for _ in range(ROTATIONS)]
         calls = list(zip(xs, masks, weights))
-        for cfg in [None, *SWEEP]:
+        for cfg in [None, *configs]:
             def joined(x, mk, w, cfg=cfg):
                 return output_group_linear_with_dense(x, w[0], mk, GROUP, None, [w[1], w[2]], [None, None], config=cfg)
             try:
@@ -64,7 +68,9 @@ def sweep(gen: torch.Generator, weights: list, out_dir: str, tokens: tuple = (1,
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     os.makedirs(out_dir, exist_ok=True)
-    name = "kernels_qkv_sweep.json" if not extra else f"kernels_qkv_sweep_m{'_'.join(map(str, tokens))}.json"
+    if configs is ROWS_SWEEP:
+        meta["command"] += " --sweep-rows"
+    name = name or ("kernels_qkv_sweep.json" if not extra else f"kernels_qkv_sweep_m{'_'.join(map(str, tokens))}.json")
     with open(os.path.join(out_dir, name), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
@@ -74,6 +80,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--sweep", action="store_true", help="time the joined launch's GEMV configurations instead")
     parser.add_argument("--sweep-tokens", default="1,4", help="token counts of --sweep, comma-separated")
+    parser.add_argument("--sweep-rows", action="store_true", help="with --sweep: the row-streaming one-token GEMV "
+                        "(templates/gemv_rows.py) against the MMA GEMV instead (kernels_qkv_sweep_rows.json)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -82,7 +90,11 @@ def main() -> None:
 
     weights = [(rand(HIDDEN, HIDDEN), rand(KV, HIDDEN), rand(KV, HIDDEN)) for _ in range(ROTATIONS)]
     if args.sweep:
-        sweep(gen, weights, args.out, tuple(int(t) for t in args.sweep_tokens.split(",")))
+        tokens = tuple(int(t) for t in args.sweep_tokens.split(","))
+        if args.sweep_rows:
+            sweep(gen, weights, args.out, tokens, ROWS_SWEEP, "kernels_qkv_sweep_rows.json")
+        else:
+            sweep(gen, weights, args.out, tokens)
         return
     rows = []
     for m in TOKENS:

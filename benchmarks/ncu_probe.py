@@ -5,7 +5,9 @@ Runs each case a few times (warm-up, then the launches ncu profiles), Llama-3-8B
 - ``gate_up``: the prefill gate/up GEMM at 4096 tokens (``gated_up_groups``, default config) and, beside it, cuBLAS
   on the dense gate weight (the kernel whose tile cuBLAS picks for the dense model);
 - ``decode``: the split-KV decode attention at B=16, S=4096 (``launch_decode``, default rule: split + reduce) and
-  SDPA (flash, ``enable_gqa``) on the same shape.
+  SDPA (flash, ``enable_gqa``) on the same shape;
+- ``gemv``: the one-token GEMVs (gate/up, down on a pre-masked input, query projection; default paths) and cuBLAS's
+  GEMV on the dense down weight.
 
 Usage on the GPU machine (``--clock-control none`` leaves the clocks alone; ``benchmarks/run_ncu_probe.sh`` does it)::
 
@@ -56,12 +58,32 @@ def decode(repeats: int) -> None:
     torch.cuda.synchronize()
 
 
+def gemv(repeats: int) -> None:
+    from wide_compile.templates import input_group_linear, output_group_linear
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    wg, wu, wq = ((torch.randn(n, HIDDEN, device="cuda", generator=gen) / HIDDEN**0.5).to(torch.bfloat16)
+                  for n in (INTER, INTER, HIDDEN))
+    wd = (torch.randn(HIDDEN, INTER, device="cuda", generator=gen) / INTER**0.5).to(torch.bfloat16)
+    mask = torch.rand(1, INTER // GROUP, device="cuda", generator=gen) < 0.5
+    q_mask = torch.rand(1, HKV, device="cuda", generator=gen) < 0.5
+    h = torch.randn(1, INTER, device="cuda", generator=gen).to(torch.bfloat16)
+    h = h * mask.repeat_interleave(GROUP, dim=-1)
+    for _ in range(repeats):
+        gated_up_groups(x, wg, wu, mask, GROUP, "silu", None)
+        input_group_linear(h, wd, mask, GROUP, x_is_masked=True)
+        output_group_linear(x, wq, q_mask, HIDDEN // HKV)
+        F.linear(h, wd)
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=("gate_up", "decode"))
+    parser.add_argument("case", choices=("gate_up", "decode", "gemv"))
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
-    {"gate_up": gate_up, "decode": decode}[args.case](args.repeats)
+    {"gate_up": gate_up, "decode": decode, "gemv": gemv}[args.case](args.repeats)
 
 
 if __name__ == "__main__":

@@ -82,15 +82,22 @@ def linear_cases(gen, tokens_list) -> list[bool]:
         for path in ("auto", "gemm") if m > 16 else ("auto",):
             out.append(_close(f"input_group_linear M={m} path={path}", input_group_linear(h, wd, om, gs, path=path),
                               input_group_linear_reference(h, wd, om, gs)))
-    if DEVICE == "cuda":  # the one-token defaults of large projections (gemv_decode: output_config / input_config)
+    if DEVICE == "cuda":  # the one-token defaults of large projections (gemv_decode's configs, gemv_rows' kernels)
         rows, cols, big = 2100, 2100, 512  # 8 groups of 512 channels beside ragged rows / K
         x, mask = _randn(1, cols, gen=gen), _rand(1, 8, gen=gen) < 0.5
         w_out, w_in = _randn(8 * big, cols, gen=gen) / cols**0.5, _randn(rows, 8 * big, gen=gen) / (8 * big) ** 0.5
+        mma = dict(ROWS=0)
         out.append(_close("output_group_linear M=1, K=2100 (4 splits, 6 stages)",
-                          output_group_linear(x, w_out, mask, big), output_group_linear_reference(x, w_out, mask, big)))
+                          output_group_linear(x, w_out, mask, big, config=mma),
+                          output_group_linear_reference(x, w_out, mask, big)))
+        out.append(_close("output_group_linear M=1, K=2100 (row kernel)", output_group_linear(x, w_out, mask, big),
+                          output_group_linear_reference(x, w_out, mask, big)))
         h = _randn(1, 8 * big, gen=gen)
         out.append(_close("input_group_linear M=1, 2100 rows (unsplit, 12 stages)",
-                          input_group_linear(h, w_in, mask, big), input_group_linear_reference(h, w_in, mask, big)))
+                          input_group_linear(h, w_in, mask, big, config=mma),
+                          input_group_linear_reference(h, w_in, mask, big)))
+        out.append(_close("input_group_linear M=1, 2100 rows (row kernel)", input_group_linear(h, w_in, mask, big),
+                          input_group_linear_reference(h, w_in, mask, big)))
     return out
 
 

@@ -26,6 +26,7 @@ import torch
 from ._triton_utils import (
     ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2, sm_count,
 )
+from . import gemv_rows
 from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
 
@@ -333,6 +334,9 @@ def output_groups_gemv(
     if any(w.shape != (nd, k_dim) or w.dtype != weight.dtype or (b is None) != (bias is None) for w, b, _ in dense):
         raise ValueError("output_groups_gemv: dense linears need weights [ND, K] of one ND and the weight's dtype, and "
                          "a bias exactly when the grouped linear has one")
+    weight_bytes = (n_dim + len(dense) * nd) * k_dim * weight.element_size()
+    if not gated and gemv_rows.applies(num_tokens, weight_bytes, group_size, config):
+        return gemv_rows.output_rows_gemv(x, weight, bias, mask_rows, group_size, config, out, dense)
     cfg = dict(output_config(group_size, k_dim, gated, len(dense), num_tokens), **(config or {}))
     block_n, block_k = cfg["BLOCK_N"], min(cfg["BLOCK_K"], max(16, next_pow2(k_dim)))
     tiles_per_group = cdiv(group_size, block_n)
@@ -369,7 +373,7 @@ def output_groups_gemv(
     return y
 
 
-SHORT_INPUT_GROUPS = 32  # one token over at most this many input groups: one unsplit, deep program per 32 rows ...
+SHORT_INPUT_MAX_K = 14336  # one token over at most this many input channels: one unsplit, deep program per 32 rows
 SHORT_INPUT_MIN_ROWS = 2048  # ... when that still gives 64 programs (measured at 4096 rows only)
 
 
@@ -380,16 +384,18 @@ def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_di
     H200 grid (``benchmarks/kernels_linear.py --sweep-decode``, 18-36 configs per case): BLOCK_N 64, BLOCK_K 128,
     5 stages, SPLIT 4 was fastest for down at M = 1 and 8 and o_proj at M = 1 (21.1 / 37.4 / 13.5 µs); fewer splits
     are not faster at 2-16 tokens (``kernels_linear_sweep_input_split.json``). One token over at most
-    ``SHORT_INPUT_GROUPS`` groups (the Llama-3-8B output projection: 8 of 512) takes 32-row tiles, K not split, 12
-    stages (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70% masks:
-    8.3 / 10.5 / 7.1 / 8.3 / 9.5 / 7.2 µs against 9.2 / 11.5 / 8.5 / 9.1 / 10.9 / 8.6); the down projection's 112
-    groups keep the split (18.6 against 18.9 at one token, slower at two: 30.8 / 28.3,
+    ``SHORT_INPUT_MAX_K`` input channels (the Llama-3-8B output projection: 8 groups of 512) takes 32-row tiles, K
+    not split, 12 stages (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70% masks:
+    8.3 / 10.5 / 7.1 / 8.3 / 9.5 / 7.2 µs against 9.2 / 11.5 / 8.5 / 9.1 / 10.9 / 8.6), and so does the down
+    projection (112 groups of 128): on masks with exactly 14 / 28 / 56 / 84 / 112 active groups 8.2 / 12.3 / 20.2 /
+    27.7 / 34.9 µs against 9.9 / 13.5 / 21.2 / 28.2 / 34.9 with 4 splits (``gemv_fixed_cost.json``: the fixed cost
+    falls from 6.4 to 4.7 µs). At two tokens the split stays (30.8 against 28.3 unsplit,
     ``kernels_linear_sweep_input_split.json``)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
                     num_stages=1)
     block_k = largest_pow2_divisor(group_size, 128)
-    if num_tokens == 1 and 0 < num_groups <= SHORT_INPUT_GROUPS and n_dim >= SHORT_INPUT_MIN_ROWS:
+    if num_tokens == 1 and 0 < num_groups * group_size <= SHORT_INPUT_MAX_K and n_dim >= SHORT_INPUT_MIN_ROWS:
         return dict(BLOCK_N=32, BLOCK_K=block_k, SPLIT=1, num_warps=4, num_stages=12)
     return dict(BLOCK_N=64, BLOCK_K=block_k, SPLIT=4, num_warps=4, num_stages=5)
 
@@ -414,6 +420,8 @@ def input_groups_gemv(
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
     num_groups = k_dim // group_size
+    if gemv_rows.applies(num_tokens, n_dim * k_dim * weight.element_size(), group_size, config):
+        return gemv_rows.input_rows_gemv(x, weight, bias, mask_rows, group_size, config, out)
     cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim), **(config or {}))
     block_k = cfg["BLOCK_K"]
     if block_k < 16 or group_size % block_k:

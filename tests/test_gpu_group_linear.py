@@ -282,10 +282,11 @@ def test_decode_gemvs_launch_one_kernel_each(weights):
     x = torch.randn(1, HIDDEN, generator=gen, device="cuda", dtype=w_q.dtype)
     h = torch.randn(1, INTER, generator=gen, device="cuda", dtype=w_d.dtype)
     mq, md = _mask("random", 1, HIDDEN // ATTN_GROUP, gen), _mask("random", 1, INTER // FFN_GROUP, gen)
-    output_group_linear(x, w_q, mq, ATTN_GROUP), input_group_linear(h, w_d, md, FFN_GROUP)  # first calls
+    mma = dict(ROWS=0)  # the split-K GEMV (one token on a 32 MB weight defaults to gemv_rows' kernel)
+    output_group_linear(x, w_q, mq, ATTN_GROUP, config=mma), input_group_linear(h, w_d, md, FFN_GROUP)  # first calls
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        q = output_group_linear(x, w_q, mq, ATTN_GROUP)
+        q = output_group_linear(x, w_q, mq, ATTN_GROUP, config=mma)
         y = input_group_linear(h, w_d, md, FFN_GROUP)
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -298,7 +299,7 @@ def test_decode_gemvs_launch_one_kernel_each(weights):
 @pytest.mark.parametrize("m", [1, 4, 16, 17])
 def test_query_with_key_value_projections_in_one_launch(weights, m):
     """Llama-3-8B q (8 groups of 512) with k and v (1024 x 4096) as dense linears of the same launch (<= 16 tokens;
-    17: separate ops): each matches its reference; at one token the three are one kernel."""
+    17: separate ops): each matches its reference; at one token the three are one kernel (gemv_rows')."""
     from torch.profiler import ProfilerActivity, profile
 
     from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
@@ -318,4 +319,44 @@ def test_query_with_key_value_projections_in_one_launch(weights, m):
             output_group_linear_with_dense(x, wq, mask, ATTN_GROUP, None, [wk, wv], [None, None])
             torch.cuda.synchronize()
         kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        assert kernels == ["_output_groups_gemv_kernel"], kernels
+        assert kernels == ["_output_rows_gemv_kernel"], kernels
+
+
+@pytest.mark.parametrize("kind", ["all", "none", "random", "clustered"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_token_row_gemvs(weights, kind, dtype):
+    """One token on the 32 MB projections takes templates/gemv_rows.py's kernels by default (one launch each): the
+    query projection (8 output groups of 512, alone and with k / v as dense siblings) and the output projection (8
+    input groups of 512, input not pre-masked); the down projection (117 MB) keeps the split-K GEMV. Outputs
+    poisoned first; each matches its reference."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    wq, wo, wd = weights["q"].to(dtype), weights["o"].to(dtype), weights["down"].to(dtype)
+    wk, wv = weights["down"][:1024, :HIDDEN].to(dtype), weights["o"][:1024].to(dtype)
+    x = torch.randn(1, HIDDEN, generator=gen, device="cuda", dtype=dtype)
+    h = torch.randn(1, INTER, generator=gen, device="cuda", dtype=dtype)
+    mask, md = _mask(kind, 1, HIDDEN // ATTN_GROUP, gen), _mask(kind, 1, INTER // FFN_GROUP, gen)
+    outs = [torch.full((1, HIDDEN), float("nan"), device="cuda", dtype=dtype) for _ in range(3)]
+    calls = {
+        "_output_rows_gemv_kernel": lambda: output_group_linear(x, wq, mask, ATTN_GROUP, out=outs[0]),
+        "_input_rows_gemv_kernel": lambda: input_group_linear(x, wo, mask, ATTN_GROUP, out=outs[1]),
+        "_input_groups_gemv_kernel": lambda: input_group_linear(h, wd, md, FFN_GROUP, out=outs[2]),
+    }
+    for name, call in calls.items():
+        call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert kernels == [name], kernels
+    _check(outs[0], output_group_linear_reference(x.float(), wq.float(), mask, ATTN_GROUP), mask, ATTN_GROUP)
+    _check(outs[1], input_group_linear_reference(x.float(), wo.float(), mask, ATTN_GROUP))
+    _check(outs[2], input_group_linear_reference(h.float(), wd.float(), md, FFN_GROUP))
+    q, k, v = output_group_linear_with_dense(x, wq, mask, ATTN_GROUP, None, [wk, wv], [None, None])
+    _check(q, output_group_linear_reference(x.float(), wq.float(), mask, ATTN_GROUP), mask, ATTN_GROUP)
+    _check(k, x.float() @ wk.float().T)
+    _check(v, x.float() @ wv.float().T)

@@ -21,6 +21,7 @@ _KERNEL_MODULES = (
     "wide_compile.templates.gemm_output_groups",
     "wide_compile.templates.gemm_gated_up",
     "wide_compile.templates.gemm_input_groups",
+    "wide_compile.templates.gemv_rows",
     "wide_compile.templates.gemv_decode",
     "wide_compile.templates.group_linear",
     "wide_compile.templates.group_linear_with_dense",
@@ -541,9 +542,10 @@ def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
 
 
 def test_decode_configs_at_one_token(k, monkeypatch):
-    """One token (H200, kernels_linear_sweep_small_k_decode.json): the query projection alone splits K in 4 with 6
-    stages; the output projection (8 groups of 512, 4096 rows) runs unsplit 32-row tiles with 12 stages; the down
-    projection (112 groups), small weights and more tokens keep the defaults."""
+    """One token (H200, kernels_linear_sweep_small_k_decode.json, gemv_fixed_cost.json): the query projection alone
+    splits K in 4 with 6 stages; the output projection (8 groups of 512, 4096 rows) and the down projection (112
+    groups of 128) run unsplit 32-row tiles with 12 stages; wider inputs, small weights and more tokens keep the
+    defaults."""
     gemv = k["gemv_decode"]
     monkeypatch.setattr(gemv, "interpreting", lambda: False)
     assert gemv.output_config(512, 4096, False, num_tokens=1) == dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4,
@@ -554,7 +556,8 @@ def test_decode_configs_at_one_token(k, monkeypatch):
     default = dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=5)
     assert gemv.input_config(512, num_tokens=1, num_groups=8, n_dim=4096) == short  # o_proj
     assert gemv.input_config(128, num_tokens=1, num_groups=32, n_dim=4096) == short
-    assert gemv.input_config(128, num_tokens=1, num_groups=112, n_dim=4096) == default  # down
+    assert gemv.input_config(128, num_tokens=1, num_groups=112, n_dim=4096) == short  # down
+    assert gemv.input_config(128, num_tokens=1, num_groups=113, n_dim=4096) == default  # wider than measured
     assert gemv.input_config(128, num_tokens=2, num_groups=32, n_dim=4096) == default
     assert gemv.input_config(128, num_tokens=1, num_groups=12, n_dim=576) == default  # few rows: as before
 
@@ -629,3 +632,54 @@ def test_input_group_linear_adds_into_a_residual(k, tokens, path, bias):
     for bad in (buffer[:, :10], buffer.double()):
         with pytest.raises((ValueError, TypeError), match="residual"):
             lin.input_group_linear(x, w, mask, gs, residual=bad)
+
+
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("rows", "k_dim"), [(2, 96), (4, 200), (8, 256)])
+def test_one_token_row_gemvs(k, kind, dtype, rows, k_dim):
+    """templates/gemv_rows.py forced with ``ROWS`` (the default only on a GPU): output groups (with a bias, and with two
+    dense siblings) and input groups (rows not a multiple of ``ROWS``, ragged K, input not pre-masked) match the
+    references; every output poisoned first."""
+    lin, ref, decode = k["group_linear"], k["ref"], k["gemv_decode"]
+    gen = torch.Generator().manual_seed(rows * 7 + k_dim)
+    cfg = dict(ROWS=rows, num_warps=2)
+    gs_out, n_out = 16, 64
+    x = torch.randn(1, k_dim, generator=gen).to(dtype)
+    w, b = torch.randn(n_out, k_dim, generator=gen).to(dtype), torch.randn(n_out, generator=gen).to(dtype)
+    mask = _mask(kind, 1, n_out // gs_out, gen)
+    y = torch.full((1, n_out), float("nan"), dtype=dtype)
+    lin.output_group_linear(x, w, mask, gs_out, b, path="gemv", config=cfg, out=y)
+    _check(y, ref.output_group_linear_reference(x, w, mask, gs_out, b), dtype, mask, gs_out)
+    dense = []
+    for _ in range(2):
+        wd, yd = torch.randn(23, k_dim, generator=gen).to(dtype), torch.full((1, 23), float("nan"), dtype=dtype)
+        dense.append((wd, None, yd))
+    yq = decode.output_groups_gemv(x, w, None, mask, gs_out, config=cfg, dense=tuple(dense))
+    _check(yq, ref.output_group_linear_reference(x, w, mask, gs_out), dtype, mask, gs_out)
+    for wd, _, yd in dense:
+        _check(yd, x.float() @ wd.float().T, dtype)
+    gs_in = 8 if k_dim % 16 else 16
+    wi, bi = torch.randn(37, k_dim, generator=gen).to(dtype), torch.randn(37, generator=gen).to(dtype)
+    mi = _mask(kind, 1, k_dim // gs_in, gen)
+    yi = torch.full((1, 37), float("nan"), dtype=dtype)
+    if gs_in % 16:  # the kernels need group sizes that are multiples of 16: call the row kernel directly
+        k["gemv_rows"].input_rows_gemv(x, wi, bi, k["group_plan"].mask_rows(mi), gs_in, cfg, yi)
+    else:
+        lin.input_group_linear(x, wi, mi, gs_in, bi, path="gemv", config=cfg, out=yi)
+    _check(yi, ref.input_group_linear_reference(x, wi, mi, gs_in, bi), dtype)
+
+
+def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
+    """The default takes the row kernels for one token on weights of at most 48 MiB (the 8B query projection with
+    its key and value siblings); a ``ROWS`` config forces them or (0) not, any other config keeps the MMA GEMVs."""
+    rows = k["gemv_rows"]
+    assert not rows.applies(1, 32 << 20, 512, None)  # interpreter: not by default
+    monkeypatch.setattr(rows, "interpreting", lambda: False)
+    assert rows.applies(1, 32 << 20, 512, None) and rows.applies(1, 48 << 20, 512, None)
+    assert not rows.applies(1, 117 << 20, 128, None)  # the down projection: the split-K GEMV is faster
+    assert not rows.applies(2, 32 << 20, 512, None)
+    assert not rows.applies(1, 32 << 20, 512, dict(BLOCK_N=32))
+    assert not rows.applies(1, 32 << 20, 512, dict(ROWS=0))
+    assert rows.applies(1, 117 << 20, 128, dict(ROWS=2))
+    assert not rows.applies(1, 32 << 20, 12, dict(ROWS=8))  # rows must not straddle groups
