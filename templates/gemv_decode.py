@@ -420,7 +420,7 @@ def input_groups_gemv(
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
     num_groups = k_dim // group_size
-    if gemv_rows.applies(num_tokens, n_dim * k_dim * weight.element_size(), group_size, config):
+    if gemv_rows.applies(num_tokens, n_dim * k_dim * weight.element_size(), group_size, config, output=False):
         return gemv_rows.input_rows_gemv(x, weight, bias, mask_rows, group_size, config, out)
     cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim), **(config or {}))
     block_k = cfg["BLOCK_K"]

@@ -4,9 +4,9 @@ At one token a 32 MB projection (Llama-3-8B's query / output projections) is sho
 the swap-AB GEMVs of ``gemv_decode``: a shared-memory pipeline to fill, and a split-K finish (partials, an arrival
 counter, a last program). Here a program owns ``ROWS`` weight rows and reads them in one or a few wide register
 loads (``ROWS * BLOCK_K`` elements per step), multiplies by ``x`` in fp32 and reduces along K itself: no pipeline,
-no workspace, no counter. Many such programs per SM keep enough bytes in flight (``benchmarks/register_stream_probe.py``:
-a Triton kernel streaming 8 / 16 / 32 MB this way took 4.6 / 7.1 / 11.9 µs on the H200, cuBLAS's GEMV on the same
-bytes 7.7 / 9.5 / 13.5).
+no workspace, no counter. Many such programs per SM keep enough bytes in flight
+(``benchmarks/register_stream_probe.py``: a Triton kernel streaming 8 / 16 / 32 MB this way took 4.6 / 7.1 / 11.9 µs
+on the H200, cuBLAS's GEMV on the same bytes 7.7 / 9.5 / 13.5).
 
 - Output groups (:func:`output_rows_gemv`): the program's rows lie in one group; if the token does not use the group
   it stores zeros without reading the weight. Up to two dense sibling linears of the same ``x`` (the key and value
@@ -14,7 +14,8 @@ bytes 7.7 / 9.5 / 13.5).
 - Input groups (:func:`input_rows_gemv`): the program's loads of ``W`` and ``x`` are predicated on the token's group
   of each column, so inactive groups' bytes are never fetched and ``x`` needs no pre-masking.
 
-Only one token (``M == 1``); ``gemv_decode`` chooses these kernels where they were measured faster.
+Only one token (``M == 1``); ``gemv_decode`` takes the output-group kernel by default where it was measured faster
+(:func:`applies`); the input-group kernel runs when a config asks for it (``ROWS``).
 """
 from __future__ import annotations
 
@@ -120,12 +121,12 @@ if HAS_TRITON:
 
 
 STEP_ELEMENTS = 8192  # elements per program and load step (16 KB of bf16): the register probe's fastest step
-# Where the row kernels are the default: one token on a weight (with dense siblings) of at most 48 MiB. H200, one
-# token, µs, gemv_decode's MMA GEMV / this (benchmarks/results/kernels_linear_sweep_rows_gemv.json, two 50% draws
-# and the clustered, 25% and 70% masks; kernels_qkv_sweep_rows.json): query projection (32 MB) 12.7 / 8.8,
+# Where the output-group row kernel is the default: one token on a weight (with dense siblings) of at most 48 MiB.
+# H200, one token, µs, gemv_decode's MMA GEMV / this (benchmarks/results/kernels_linear_sweep_rows_gemv.json, two
+# 50% draws and the clustered, 25% and 70% masks; kernels_qkv_sweep_rows.json): query projection (32 MB) 12.7 / 8.8,
 # 8.8 / 7.0, 8.6 / 7.0, 12.7 / 8.7, 7.8 / 6.3 with 4 rows and 8 warps; with key and value (48 MB) 12.7 / 10.5;
 # output projection, input pre-masked, 8.3 / 7.0, 8.4 / 7.3, 7.4 / 7.1, 12.8 / 10.2, 7.3 / 6.7 with 2 rows and 4
-# warps. The down projection (117 MB) stays on the split-K GEMV: 21.7 against 24.8.
+# warps (not the default: see applies). The down projection (117 MB) stays on the split-K GEMV: 21.7 against 24.8.
 MAX_WEIGHT_BYTES = 48 << 20
 OUTPUT_ROWS, OUTPUT_WARPS = 4, 8
 INPUT_ROWS, INPUT_WARPS = 2, 4
@@ -137,17 +138,19 @@ def rows_config(config: dict | None, rows: int, warps: int) -> tuple[int, int]:
     return int(cfg.get("ROWS", rows)), int(cfg.get("num_warps", warps))
 
 
-def applies(num_tokens: int, weight_bytes: int, group_size: int, config: dict | None) -> bool:
+def applies(num_tokens: int, weight_bytes: int, group_size: int, config: dict | None, output: bool = True) -> bool:
     """Whether a GEMV call takes the row-streaming kernels: ``config["ROWS"]`` > 0 forces them (0: never; a config
-    without ``ROWS`` keeps ``gemv_decode``'s kernels), else one token on a weight of at most ``MAX_WEIGHT_BYTES`` (not
-    under the interpreter by default: the tests force it)."""
+    without ``ROWS`` keeps ``gemv_decode``'s kernels), else, for output groups only, one token on a weight of at most
+    ``MAX_WEIGHT_BYTES`` (not under the interpreter by default: the tests force it). The input-group kernel is not a
+    default: faster alone (see above) but slower in the 8B model's decode step, 12.3 µs per output projection against
+    about 8 (``benchmarks/notes_linear.md``, stop 29)."""
     forced = (config or {}).get("ROWS")
     if config and forced is None:  # a configuration of gemv_decode's kernels (benchmark sweeps): theirs
         return False
     if forced is not None:
         return int(forced) > 0 and num_tokens == 1 and group_size % int(forced) == 0
-    return (num_tokens == 1 and weight_bytes <= MAX_WEIGHT_BYTES and not interpreting()
-            and group_size % max(OUTPUT_ROWS, INPUT_ROWS) == 0)
+    return (output and num_tokens == 1 and weight_bytes <= MAX_WEIGHT_BYTES and not interpreting()
+            and group_size % OUTPUT_ROWS == 0)
 
 
 def _block_k(k_dim: int, rows: int) -> int:

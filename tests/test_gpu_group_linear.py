@@ -325,10 +325,10 @@ def test_query_with_key_value_projections_in_one_launch(weights, m):
 @pytest.mark.parametrize("kind", ["all", "none", "random", "clustered"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_one_token_row_gemvs(weights, kind, dtype):
-    """One token on the 32 MB projections takes templates/gemv_rows.py's kernels by default (one launch each): the
-    query projection (8 output groups of 512, alone and with k / v as dense siblings) and the output projection (8
-    input groups of 512, input not pre-masked); the down projection (117 MB) keeps the split-K GEMV. Outputs
-    poisoned first; each matches its reference."""
+    """One token on the query projection (8 output groups of 512, alone and with k / v as dense siblings) takes
+    templates/gemv_rows.py's kernel by default, one launch; the output projection (8 input groups of 512, input not
+    pre-masked) takes the input-group row kernel when asked (``ROWS``); the down projection (117 MB) keeps the
+    split-K GEMV. Outputs poisoned first; each matches its reference."""
     from torch.profiler import ProfilerActivity, profile
 
     from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
@@ -342,7 +342,8 @@ def test_one_token_row_gemvs(weights, kind, dtype):
     outs = [torch.full((1, HIDDEN), float("nan"), device="cuda", dtype=dtype) for _ in range(3)]
     calls = {
         "_output_rows_gemv_kernel": lambda: output_group_linear(x, wq, mask, ATTN_GROUP, out=outs[0]),
-        "_input_rows_gemv_kernel": lambda: input_group_linear(x, wo, mask, ATTN_GROUP, out=outs[1]),
+        "_input_rows_gemv_kernel": lambda: input_group_linear(x, wo, mask, ATTN_GROUP, out=outs[1],
+                                                              config=dict(ROWS=2)),
         "_input_groups_gemv_kernel": lambda: input_group_linear(h, wd, md, FFN_GROUP, out=outs[2]),
     }
     for name, call in calls.items():

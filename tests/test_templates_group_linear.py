@@ -671,8 +671,9 @@ def test_one_token_row_gemvs(k, kind, dtype, rows, k_dim):
 
 
 def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
-    """The default takes the row kernels for one token on weights of at most 48 MiB (the 8B query projection with
-    its key and value siblings); a ``ROWS`` config forces them or (0) not, any other config keeps the MMA GEMVs."""
+    """The default takes the output-group row kernel for one token on weights of at most 48 MiB (the 8B query
+    projection with its key and value siblings); a ``ROWS`` config forces the row kernels or (0) not, any other config
+    keeps the MMA GEMVs."""
     rows = k["gemv_rows"]
     assert not rows.applies(1, 32 << 20, 512, None)  # interpreter: not by default
     monkeypatch.setattr(rows, "interpreting", lambda: False)
@@ -682,4 +683,6 @@ def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
     assert not rows.applies(1, 32 << 20, 512, dict(BLOCK_N=32))
     assert not rows.applies(1, 32 << 20, 512, dict(ROWS=0))
     assert rows.applies(1, 117 << 20, 128, dict(ROWS=2))
+    assert not rows.applies(1, 32 << 20, 512, None, output=False)  # input groups: only when asked for
+    assert rows.applies(1, 32 << 20, 512, dict(ROWS=2), output=False)
     assert not rows.applies(1, 32 << 20, 12, dict(ROWS=8))  # rows must not straddle groups
