@@ -29,6 +29,23 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
+    def _rows_times_x(w_base, x_ptr, mask_ptr, rows_c, K, GROUP_SIZE: tl.constexpr, MASK_COLUMNS: tl.constexpr,
+                      ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+        """fp32 ``sum_k W[rows, k] * x[k]`` in steps of ``BLOCK_K`` register loads; ``MASK_COLUMNS``: only over the
+        columns whose group the token uses (``mask_ptr[k // GROUP_SIZE] != 0``; other bytes are not fetched)."""
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((ROWS,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            on = kk < K
+            if MASK_COLUMNS:
+                on = on & (tl.load(mask_ptr + kk // GROUP_SIZE, mask=on, other=0) != 0)
+            w = tl.load(w_base + rows_c[:, None] * K + kk[None, :], mask=on[None, :], other=0.0)
+            xv = tl.load(x_ptr + kk, mask=on, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+        return acc
+
+    @triton.jit
     def _output_rows_gemv_kernel(
         x_ptr, w_ptr, b_ptr, y_ptr, mask_ptr,
         d0_ptr, d1_ptr, db0_ptr, db1_ptr, yd0_ptr, yd1_ptr,
@@ -38,14 +55,12 @@ if HAS_TRITON:
         DENSE: tl.constexpr,
         ROWS: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        UPCAST: tl.constexpr,
         USE_GDC: tl.constexpr,
     ):
         if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         offs_r = tl.arange(0, ROWS)
-        offs_k = tl.arange(0, BLOCK_K)
         grouped = N // ROWS  # GROUP_SIZE % ROWS == 0: a program's rows lie in one group
         if DENSE > 0 and pid >= grouped:  # rows of a dense sibling (every token)
             dense_programs = tl.cdiv(ND, ROWS)
@@ -70,16 +85,7 @@ if HAS_TRITON:
             y_base = y_ptr
         rows_c = tl.where(valid, rows, 0).to(tl.int64)  # clamped: loads need no row mask
         if on:
-            acc = tl.zeros((ROWS,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + offs_k
-                k_ok = kk < K
-                w = tl.load(w_base + rows_c[:, None] * K + kk[None, :], mask=k_ok[None, :], other=0.0)
-                xv = tl.load(x_ptr + kk, mask=k_ok, other=0.0)
-                if UPCAST:
-                    w = w.to(tl.float32)
-                    xv = xv.to(tl.float32)
-                acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+            acc = _rows_times_x(w_base, x_ptr, mask_ptr, rows_c, K, GROUP_SIZE, False, ROWS, BLOCK_K)
             if HAS_BIAS:
                 acc += tl.load(b_base + rows_c).to(tl.float32)
             tl.store(y_base + rows, acc.to(y_ptr.dtype.element_ty), mask=valid)
@@ -94,7 +100,6 @@ if HAS_TRITON:
         HAS_BIAS: tl.constexpr,
         ROWS: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        UPCAST: tl.constexpr,
         USE_GDC: tl.constexpr,
     ):
         if USE_GDC:
@@ -103,18 +108,7 @@ if HAS_TRITON:
         rows = pid * ROWS + tl.arange(0, ROWS)
         valid = rows < N
         rows_c = tl.where(valid, rows, 0).to(tl.int64)
-        offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((ROWS,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            k_ok = kk < K
-            on = k_ok & (tl.load(mask_ptr + kk // GROUP_SIZE, mask=k_ok, other=0) != 0)  # the column's group
-            w = tl.load(w_ptr + rows_c[:, None] * K + kk[None, :], mask=on[None, :], other=0.0)
-            xv = tl.load(x_ptr + kk, mask=on, other=0.0)
-            if UPCAST:
-                w = w.to(tl.float32)
-                xv = xv.to(tl.float32)
-            acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
+        acc = _rows_times_x(w_ptr, x_ptr, mask_ptr, rows_c, K, GROUP_SIZE, True, ROWS, BLOCK_K)
         if HAS_BIAS:
             acc += tl.load(b_ptr + rows_c).to(tl.float32)
         tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=valid)
@@ -171,7 +165,7 @@ def output_rows_gemv(x, weight, bias, mask_rows, group_size, config=None, out=No
         pads[0][0], pads[1][0], *(b if b is not None else x for _, b, _ in pads[:2]), pads[0][2], pads[1][2],
         n_dim, k_dim, max(nd, 1),
         GROUP_SIZE=group_size, HAS_BIAS=bias is not None, DENSE=len(dense), ROWS=rows,
-        BLOCK_K=_block_k(k_dim, rows), UPCAST=interpreting(), num_warps=warps, **pdl_launch(x.device),
+        BLOCK_K=_block_k(k_dim, rows), num_warps=warps, **pdl_launch(x.device),
     )
     return y
 
@@ -184,6 +178,6 @@ def input_rows_gemv(x, weight, bias, mask_rows, group_size, config=None, out=Non
     _input_rows_gemv_kernel[(cdiv(n_dim, rows),)](
         x, weight, bias if bias is not None else x, y, mask_rows, n_dim, k_dim,
         GROUP_SIZE=group_size, HAS_BIAS=bias is not None, ROWS=rows, BLOCK_K=_block_k(k_dim, rows),
-        UPCAST=interpreting(), num_warps=warps, **pdl_launch(x.device),
+        num_warps=warps, **pdl_launch(x.device),
     )
     return y
