@@ -69,10 +69,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    copies = MAX_COPIES
-    wd = weights(HIDDEN, INTER, copies, gen)
-    wg, wu = weights(INTER, HIDDEN, copies, gen), weights(INTER, HIDDEN, copies, gen)
-    x = [torch.randn(1, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(copies)]
+    wd = weights(HIDDEN, INTER, MAX_COPIES, gen)
+    wg, wu = weights(INTER, HIDDEN, MAX_COPIES, gen), weights(INTER, HIDDEN, MAX_COPIES, gen)
+    x = [torch.randn(1, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(MAX_COPIES)]
     rows = []
     for eighths in FRACTIONS:
         k = G * eighths // 8
@@ -86,7 +85,8 @@ def main() -> None:
         h_k = [t[:, cols].contiguous() for t in h]
         rows_idx = mask[0].nonzero().flatten()
         wgu_k = [torch.cat([a.view(G, GROUP, HIDDEN)[rows_idx].reshape(-1, HIDDEN),
-                            b.view(G, GROUP, HIDDEN)[rows_idx].reshape(-1, HIDDEN)]) for a, b in zip(wg, wu)][:r_gu]
+                            b.view(G, GROUP, HIDDEN)[rows_idx].reshape(-1, HIDDEN)])
+                 for a, b in zip(wg[:r_gu], wu[:r_gu])]
         timed = {
             "down": [lambda h=h[i], w=wd[i]: input_group_linear(h, w, mask, GROUP, x_is_masked=True)
                      for i in range(copies)],

@@ -280,7 +280,8 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
                 nbytes, flops = cost(op, mask, m)
                 bound = max(nbytes / (ceil["copy_TBps"] * 1e12), flops / (ceil["bf16_mm_TFLOPs"] * 1e12)) * 1e6
                 row = dict(op=op, mask=mname, M=m, ours_us=ours, dense_us=dense, dense_act_us=dense_act,
-                           half_us=half, union_us=union, bound_us=bound, speedup=dense / ours, speedup_vs_dense_act=dense_act / ours,
+                           half_us=half, union_us=union, bound_us=bound, speedup=dense / ours,
+                           speedup_vs_dense_act=dense_act / ours,
                            frac_bound=bound / ours, TBps=nbytes / (ours * 1e-6) / 1e12,
                            TFLOPs=flops / (ours * 1e-6) / 1e12, bytes=nbytes, flops=flops,
                            active_frac=float(mask.float().mean()), union_frac=float(mask.any(0).float().mean()),
@@ -288,7 +289,8 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
                            union_us_rounds=samples.get(f"union:{mname}"))
                 rows.append(row)
                 print(f"{op:8s} {mname:9s} M={m:6d} ours {ours:9.1f}us dense {dense:9.1f} half {half:9.1f} "
-                      f"union {union:9.1f} bound {bound:9.1f} x{dense / ours:5.2f} {100 * bound / ours:5.1f}%bound", flush=True)
+                      f"union {union:9.1f} bound {bound:9.1f} x{dense / ours:5.2f} {100 * bound / ours:5.1f}%bound",
+                      flush=True)
             del case
             torch.cuda.empty_cache()
     return rows
@@ -426,7 +428,8 @@ def main() -> None:
                     "K splits and deeper pipelines at 1-2 tokens, every mask, instead "
                     "(kernels_linear_sweep_small_k_decode.json; --ms)")
     ap.add_argument("--sweep-rows-gemv", action="store_true", help="time the row-streaming one-token GEMVs "
-                    "(templates/gemv_rows.py) against the MMA GEMVs instead (kernels_linear_sweep_rows_gemv.json; --ms)")
+                    "(templates/gemv_rows.py) against the MMA GEMVs instead "
+                    "(kernels_linear_sweep_rows_gemv.json; --ms)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "

@@ -42,9 +42,10 @@ SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT=sp, num_warps=4, num_stages=st)
 ROWS_SWEEP = [dict(ROWS=0), *(dict(ROWS=r, num_warps=w) for r, w in ((1, 8), (2, 4), (2, 8), (4, 8)))]
 
 
-def sweep(gen: torch.Generator, weights: list, out_dir: str, tokens: tuple = (1, 4), configs: list = SWEEP,
-          name: str = "") -> None:
-    """The joined launch at each of ``tokens`` over ``configs`` (default config first); rows and the best per M."""
+def sweep(gen: torch.Generator, weights: list, out_dir: str, tokens: tuple = (1, 4), rows_gemv: bool = False) -> None:
+    """The joined launch at each of ``tokens`` over ``SWEEP`` (``rows_gemv``: ``ROWS_SWEEP``), default config first;
+    rows and the best per M."""
+    configs = ROWS_SWEEP if rows_gemv else SWEEP
     rows = []
     for m in tokens:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(ROTATIONS)]
@@ -68,9 +69,11 @@ def sweep(gen: torch.Generator, weights: list, out_dir: str, tokens: tuple = (1,
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     os.makedirs(out_dir, exist_ok=True)
-    if configs is ROWS_SWEEP:
+    if rows_gemv:
         meta["command"] += " --sweep-rows"
-    name = name or ("kernels_qkv_sweep.json" if not extra else f"kernels_qkv_sweep_m{'_'.join(map(str, tokens))}.json")
+        name = "kernels_qkv_sweep_rows.json"
+    else:
+        name = "kernels_qkv_sweep.json" if not extra else f"kernels_qkv_sweep_m{'_'.join(map(str, tokens))}.json"
     with open(os.path.join(out_dir, name), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
@@ -90,11 +93,7 @@ def main() -> None:
 
     weights = [(rand(HIDDEN, HIDDEN), rand(KV, HIDDEN), rand(KV, HIDDEN)) for _ in range(ROTATIONS)]
     if args.sweep:
-        tokens = tuple(int(t) for t in args.sweep_tokens.split(","))
-        if args.sweep_rows:
-            sweep(gen, weights, args.out, tokens, ROWS_SWEEP, "kernels_qkv_sweep_rows.json")
-        else:
-            sweep(gen, weights, args.out, tokens)
+        sweep(gen, weights, args.out, tuple(int(t) for t in args.sweep_tokens.split(",")), args.sweep_rows)
         return
     rows = []
     for m in TOKENS:

@@ -83,7 +83,8 @@ def probe_size(size_mb: int, sms: int, rounds: int) -> dict:
     r = rotations(nbytes)
     srcs = [torch.randn(numel, device="cuda", dtype=torch.bfloat16) for _ in range(r)]
     out = torch.empty(8 * sms, device="cuda", dtype=torch.float32)
-    timed = {name: read_fns(srcs, out, *v) for name, v in variants(sms).items()}
+    grid = variants(sms)
+    timed = {name: read_fns(srcs, out, *v) for name, v in grid.items()}
     k_dim = 4096
     ws = [s.view(numel // k_dim, k_dim) for s in srcs]
     xs = [torch.randn(1, k_dim, device="cuda", dtype=torch.bfloat16) for _ in range(r)]
@@ -96,8 +97,8 @@ def probe_size(size_mb: int, sms: int, rounds: int) -> dict:
     reads = {k: v for k, v in med.items() if k != "cublas_gemv"}
     best = min(reads, key=reads.get)
     ref = float(srcs[0].double().sum())
-    programs = variants(sms)[best][0]
-    read_fns(srcs[:1], out, *variants(sms)[best])[0]()
+    programs = grid[best][0]
+    read_fns(srcs[:1], out, *grid[best])[0]()
     got = float(out[:programs].double().sum())
     rel = abs(got - ref) / max(1.0, abs(ref))
     del srcs, ws
@@ -147,8 +148,9 @@ def main() -> None:
     for s in (int(v) for v in args.sizes.split(",")):
         row = probe_size(s, sms, args.rounds)
         sizes.append(row)
-        print(f"{row['size_MB']:7.1f} MB: floor {row['best_us']:7.2f} us ({row['best']}), {row['best_TBps']:5.2f} TB/s; "
-              f"cuBLAS GEMV {row['cublas_gemv_us']:7.2f} us; sum rel err {row['sum_rel_err']:.1e}", flush=True)
+        print(f"{row['size_MB']:7.1f} MB: register loads {row['best_us']:7.2f} us ({row['best']}), "
+              f"{row['best_TBps']:5.2f} TB/s; cuBLAS GEMV {row['cublas_gemv_us']:7.2f} us; "
+              f"sum rel err {row['sum_rel_err']:.1e}", flush=True)
     per_sm = probe_per_sm(sms, args.rounds)
     meta = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -348,10 +348,9 @@ def output_groups_gemv(
     block_t = _token_tile(num_tokens)
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, block_n, block_t) if split > 1 else (x, x)
-    pads = [*dense, *(dense[-1:] if dense else [(weight, bias, y)]) * (2 - len(dense))]  # unused slots: any pointer
     _output_groups_gemv_kernel[(tiles * split,)](
         x, weight, w_up if gated else weight, bias if bias is not None else x, y, mask_rows, ws, counters,
-        pads[0][0], pads[1][0], *(b if b is not None else x for _, b, _ in pads[:2]), pads[0][2], pads[1][2],
+        *gemv_rows.dense_sibling_args(dense, weight, bias, y, x),
         num_tokens, n_dim, k_dim, n_dim // group_size, max(nd, 1),
         GROUP_SIZE=group_size,
         TILES_PER_GROUP=tiles_per_group,
@@ -385,8 +384,8 @@ def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_di
     5 stages, SPLIT 4 was fastest for down at M = 1 and 8 and o_proj at M = 1 (21.1 / 37.4 / 13.5 µs); fewer splits
     are not faster at 2-16 tokens (``kernels_linear_sweep_input_split.json``). One token over at most
     ``SHORT_INPUT_MAX_K`` input channels (the Llama-3-8B output projection: 8 groups of 512) takes 32-row tiles, K
-    not split, 12 stages (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70% masks:
-    8.3 / 10.5 / 7.1 / 8.3 / 9.5 / 7.2 µs against 9.2 / 11.5 / 8.5 / 9.1 / 10.9 / 8.6), and so does the down
+    not split, 12 stages (``kernels_linear_sweep_small_k_decode.json``, three 50% draws and the clustered, 25% and 70%
+    masks: 8.3 / 10.5 / 7.1 / 8.3 / 9.5 / 7.2 µs against 9.2 / 11.5 / 8.5 / 9.1 / 10.9 / 8.6), and so does the down
     projection (112 groups of 128): on masks with exactly 14 / 28 / 56 / 84 / 112 active groups 8.2 / 12.3 / 20.2 /
     27.7 / 34.9 µs against 9.9 / 13.5 / 21.2 / 28.2 / 34.9 with 4 splits (``gemv_fixed_cost.json``: the fixed cost
     falls from 6.4 to 4.7 µs). At two tokens the split stays (30.8 against 28.3 unsplit,

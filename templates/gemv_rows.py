@@ -142,9 +142,18 @@ def applies(num_tokens: int, weight_bytes: int, group_size: int, config: dict | 
     if config and forced is None:  # a configuration of gemv_decode's kernels (benchmark sweeps): theirs
         return False
     if forced is not None:
-        return int(forced) > 0 and num_tokens == 1 and group_size % int(forced) == 0
+        # an output-group program's rows must lie in one group; input-group rows are output rows, any count works
+        return int(forced) > 0 and num_tokens == 1 and (not output or group_size % int(forced) == 0)
     return (output and num_tokens == 1 and weight_bytes <= MAX_WEIGHT_BYTES and not interpreting()
             and group_size % OUTPUT_ROWS == 0)
+
+
+def dense_sibling_args(dense: tuple, weight, bias, y, x) -> list:
+    """The six pointer arguments of the dense-sibling slots shared by both output-group GEMV kernels
+    (``d0, d1, db0, db1, yd0, yd1``): each sibling's weight, bias (``x`` where absent) and output; unused slots repeat
+    a used pointer (never read)."""
+    slots = [*dense, *(dense[-1:] if dense else [(weight, bias, y)]) * (2 - len(dense))]
+    return [slots[0][0], slots[1][0], *(b if b is not None else x for _, b, _ in slots), slots[0][2], slots[1][2]]
 
 
 def _block_k(k_dim: int, rows: int) -> int:
@@ -158,11 +167,9 @@ def output_rows_gemv(x, weight, bias, mask_rows, group_size, config=None, out=No
     k_dim, n_dim = x.shape[1], weight.shape[0]
     nd = dense[0][0].shape[0] if dense else 0
     y = torch.empty(1, n_dim, dtype=x.dtype, device=x.device) if out is None else out
-    pads = [*dense, *(dense[-1:] if dense else [(weight, bias, y)]) * (2 - len(dense))]  # unused slots: any pointer
     grid = (n_dim // rows + len(dense) * cdiv(max(nd, 1), rows),)
     _output_rows_gemv_kernel[grid](
-        x, weight, bias if bias is not None else x, y, mask_rows,
-        pads[0][0], pads[1][0], *(b if b is not None else x for _, b, _ in pads[:2]), pads[0][2], pads[1][2],
+        x, weight, bias if bias is not None else x, y, mask_rows, *dense_sibling_args(dense, weight, bias, y, x),
         n_dim, k_dim, max(nd, 1),
         GROUP_SIZE=group_size, HAS_BIAS=bias is not None, DENSE=len(dense), ROWS=rows,
         BLOCK_K=_block_k(k_dim, rows), num_warps=warps, **pdl_launch(x.device),

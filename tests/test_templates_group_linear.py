@@ -685,4 +685,5 @@ def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
     assert rows.applies(1, 117 << 20, 128, dict(ROWS=2))
     assert not rows.applies(1, 32 << 20, 512, None, output=False)  # input groups: only when asked for
     assert rows.applies(1, 32 << 20, 512, dict(ROWS=2), output=False)
-    assert not rows.applies(1, 32 << 20, 12, dict(ROWS=8))  # rows must not straddle groups
+    assert not rows.applies(1, 32 << 20, 12, dict(ROWS=8))  # output rows must not straddle groups
+    assert rows.applies(1, 32 << 20, 12, dict(ROWS=8), output=False)  # input-group rows are output rows
