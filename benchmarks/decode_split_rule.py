@@ -8,9 +8,7 @@ fraction of (batch, KV head) pairs inactive; CUDA-graph replays over rotated q/K
 are medians over rounds of the median replay. Split plus reduction launches are both timed.
 
 Usage (GPU): ``python benchmarks/decode_split_rule.py [--out-dir benchmarks/results] [--rounds 3] [--shapes 16:4096,...]
-[--name decode_split_rule.json] [--row-splits 2,4]``. ``--row-splits`` adds, per value r, the default rule's programs
-with each pair's rows shared among r programs that read the same K/V and r times fewer KV chunks (label "rowsR":
-fewer chunks to reduce, K/V read r times, from L2 after the first). ``--baseline-module M`` also times the default rule through ``M.launch_decode``
+[--name decode_split_rule.json]``. ``--baseline-module M`` also times the default rule through ``M.launch_decode``
 (label "baseline"): with a copy of the previous ``templates/attention_decode.py`` saved as
 ``templates/attention_decode_prev.py`` (not committed), ``M = wide_compile.templates.attention_decode_prev`` gives an
 A/B of a kernel change in one process.
@@ -39,27 +37,20 @@ SPARSITIES = (0.0, 0.25, 0.5, 0.7)
 OTHER_TARGETS = (16, 4)  # programs per SM: 16 was the default before stop 27
 
 
-def candidates(batch_kv: int, kv_len: int, sms: int, row_splits=()) -> dict[str, tuple[int, dict, int]]:
-    """label -> (num_splits, launch config, row splits) for the default rule, each other programs-per-SM target and
-    each row split of the default rule's programs."""
+def candidates(batch_kv: int, kv_len: int, sms: int) -> dict[str, tuple[int, dict]]:
+    """label -> (num_splits, launch config) for the default rule and each other programs-per-SM target."""
     out = {}
     for label, pps in [("default", PROGRAMS_PER_SM)] + [(f"pps{p}", p) for p in OTHER_TARGETS]:
         splits, chunk = choose_num_splits(batch_kv, kv_len, torch.device("cuda"), programs_per_sm=pps)
-        out[label] = (splits, decode_config(chunk, splits * batch_kv, sms), 1)
-    splits = out["default"][0]
-    for r in row_splits:
-        key_splits = max(1, splits // r)
-        chunk = -(-kv_len // key_splits)
-        out[f"rows{r}"] = (key_splits, decode_config(chunk, key_splits * r * batch_kv, sms), r)
+        out[label] = (splits, decode_config(chunk, splits * batch_kv, sms))
     return out
 
 
-def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms: int, baseline=None,
-                row_splits=()) -> list[dict]:
+def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms: int, baseline=None) -> list[dict]:
     qs, ks, vs, _ = decode_inputs(batch, kv_len)
     copies = len(qs)
     outs = [torch.empty(batch, HQ, 1, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
-    rules = candidates(batch * HKV, kv_len, sms, row_splits)
+    rules = candidates(batch * HKV, kv_len, sms)
     launchers = {label: launch_decode for label in rules}
     if baseline is not None:  # the default rule's launch through another version of the kernels (A/B of a change)
         rules["baseline"], launchers["baseline"] = rules["default"], baseline.launch_decode
@@ -69,10 +60,9 @@ def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms:
         dims = check_attention_inputs(qs[0], ks[0], vs[0], mask, True, None)
         ref = group_attention_reference(qs[0].float(), ks[0].float(), vs[0].float(), mask, causal=True)
         fns, errs = {}, {}
-        for label, (splits, cfg, rsplit) in rules.items():
-            def call(i, splits=splits, cfg=cfg, rsplit=rsplit, launch=launchers[label]):
-                extra = {"row_splits": rsplit} if rsplit > 1 else {}
-                launch(qs[i], ks[i], vs[i], mask, outs[i], dims, True, splits, cfg, **extra)
+        for label, (splits, cfg) in rules.items():
+            def call(i, splits=splits, cfg=cfg, launch=launchers[label]):
+                launch(qs[i], ks[i], vs[i], mask, outs[i], dims, True, splits, cfg)
             call(0)
             errs[label] = float((outs[0].float() - ref).abs().max())
             fns[label] = [lambda i=i, call=call: call(i) for i in range(copies)]
@@ -85,7 +75,7 @@ def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms:
         us = {label: statistics.median(t) for label, t in times.items()}
         row = {"batch": batch, "S": kv_len, "sparsity": sp, "active_pairs": int(mask.sum()), "us": us,
                "rounds_us": times, "max_abs_err": errs,
-               "rules": {label: {"num_splits": s, "config": c, "row_splits": r} for label, (s, c, r) in rules.items()},
+               "rules": {label: {"num_splits": s, "config": c} for label, (s, c) in rules.items()},
                "speedup_vs_sdpa": {label: us["sdpa"] / us[label] for label in rules}}
         rows.append(row)
         print(f"B={batch:2d} S={kv_len:5d} sp={sp:.2f} SDPA {us['sdpa']:7.1f} | "
@@ -104,7 +94,6 @@ def main() -> None:
                              "attention_decode.py in wide_compile/templates), timed as 'baseline' with the default rule")
     parser.add_argument("--shapes", default=None, help="B:S pairs, e.g. 16:4096,4:16384 (default: SHAPES)")
     parser.add_argument("--name", default="decode_split_rule.json")
-    parser.add_argument("--row-splits", default="", help="comma-separated row splits to add, e.g. 2,4")
     args = parser.parse_args()
     baseline = importlib.import_module(args.baseline_module) if args.baseline_module else None
     shapes = [tuple(int(v) for v in p.split(":")) for p in args.shapes.split(",")] if args.shapes else SHAPES
@@ -112,8 +101,7 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows = []
     for batch, kv_len in shapes:
-        rows += bench_shape(batch, kv_len, args.rounds, gen, sms, baseline,
-                            tuple(int(r) for r in args.row_splits.split(",") if r))
+        rows += bench_shape(batch, kv_len, args.rounds, gen, sms, baseline)
         torch.cuda.empty_cache()  # the shape's q / K / V copies are gone with bench_shape's frame
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, args.name)

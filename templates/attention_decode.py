@@ -42,14 +42,14 @@ def _decode_split_kernel(
     stride_mb, stride_mt, stride_mg,
     stride_ob, stride_oh, stride_ot,
     stride_ab, stride_ah, stride_at, stride_as,
-    num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale, rows_per_program,
+    num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr, ROW_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
         tl.extra.cuda.gdc_wait()
-    split = tl.program_id(0) // ROW_SPLITS
+    split = tl.program_id(0)
     bk = tl.program_id(1)
     b = bk // num_kv_heads
     kvh = bk % num_kv_heads
@@ -59,12 +59,7 @@ def _decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     dmask = offs_d < HEAD_DIM
     n_rows = Q_PER_KV * q_len
-    if ROW_SPLITS > 1:  # this program's share of the pair's rows; its sibling programs read the same K/V (L2)
-        row_ok = offs_r < rows_per_program
-        offs_r = (tl.program_id(0) % ROW_SPLITS) * rows_per_program + offs_r
-        row_ok = row_ok & (offs_r < n_rows)
-    else:
-        row_ok = offs_r < n_rows
+    row_ok = offs_r < n_rows
     head = kvh * Q_PER_KV + offs_r // q_len  # row r = (query head of this KV head, new token)
     tok = offs_r % q_len
     flag = tl.load(MASK + b * stride_mb + tok * stride_mt + (head // heads_per_group) * stride_mg, mask=row_ok, other=0)
@@ -252,13 +247,12 @@ def _mask_for_kernel(head_mask: torch.Tensor) -> torch.Tensor:
 def launch_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_mask: torch.Tensor, out: torch.Tensor,
     dims: AttentionDims, causal: bool, num_splits: int | None = None, config: dict | None = None,
-    attn_mask: torch.Tensor | None = None, row_splits: int = 1,
+    attn_mask: torch.Tensor | None = None,
 ) -> None:
     """Run split + reduce into ``out`` (a ``[B, Hq, T, D]`` view with unit last stride). Inputs are checked.
 
     ``num_splits`` overrides the chunk-count heuristic, ``config`` (``BLOCK_N``, ``num_warps``, ``num_stages``) the
-    launch config; both exist for tests and the benchmark's sweep. ``row_splits`` shares each (batch, KV head,
-    chunk)'s rows among that many programs, which all read the chunk's K/V.
+    launch config; both exist for tests and the benchmark's sweep.
     """
     rows = dims.q_per_kv * dims.q_len
     if rows > MAX_DECODE_ROWS:
@@ -283,9 +277,7 @@ def launch_decode(
         num_splits = triton.cdiv(dims.kv_len, chunk)
     direct = num_splits == 1
     block_d = max(16, triton.next_power_of_2(dims.head_dim))
-    row_splits = max(1, min(int(row_splits), rows))
-    rows_per_program = triton.cdiv(rows, row_splits)
-    block_r = max(16, triton.next_power_of_2(rows_per_program))
+    block_r = max(16, triton.next_power_of_2(rows))
     if direct:
         part_o = part_lse = out  # unused by the kernel in this mode
     else:
@@ -300,19 +292,19 @@ def launch_decode(
         out.stride(0), out.stride(1), out.stride(2),
         *(amask.stride() if amask is not None else (0, 0, 0, 0)),
         dims.num_kv_heads, dims.q_len, dims.kv_len, chunk, num_splits, dims.heads_per_group,
-        dims.scale * _LOG2E, rows_per_program,
+        dims.scale * _LOG2E,
     )
     meta = {
         "Q_PER_KV": dims.q_per_kv, "HEAD_DIM": dims.head_dim, "BLOCK_D": block_d, "BLOCK_R": block_r,
         "IS_CAUSAL": causal, "HAS_AMASK": amask is not None, "DIRECT_OUT": direct,
-        "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "ROW_SPLITS": row_splits,
+        "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }
     if config is None:
         sms = _device_sm_count(q.device)
-        config = decode_config(chunk, num_splits * row_splits * batch_kv, sms, dims.head_dim, q.element_size())
+        config = decode_config(chunk, num_splits * batch_kv, sms, dims.head_dim, q.element_size())
     # the reduction always follows the split launch: it may start during the split's last programs (stop 27)
     pdl, pdl_reduce = (pdl_launch(q.device), None) if direct else paired_pdl_launch(q.device)
-    _decode_split_kernel[(num_splits * row_splits, batch_kv)](*args, **meta, **config, **pdl)
+    _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config, **pdl)
     if not direct:
         _decode_reduce_kernel[(rows, batch_kv)](
             part_o, part_lse, mask, out,
@@ -335,16 +327,14 @@ def group_attention_decode(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     attn_mask: torch.Tensor | None = None,
-    row_splits: int = 1,
 ) -> torch.Tensor:
     """Head-group-masked attention with the split-KV decode kernel (few new tokens, long KV).
 
-    Needs ``(Hq // Hkv) * T <= 128``. ``num_splits`` overrides the KV-chunk count heuristic; ``row_splits`` shares
-    each KV chunk's (query head, token) rows among that many programs (see :func:`launch_decode`). Returns ``o[B, Hq, T, D]``
+    Needs ``(Hq // Hkv) * T <= 128``. ``num_splits`` overrides the KV-chunk count heuristic. Returns ``o[B, Hq, T, D]``
     or ``[B, T, Hq * D]`` with ``merge_heads=True``; see :func:`wide_compile.templates.attention.group_attention`.
     """
     dims = check_attention_inputs(q, k, v, head_mask, causal, scale, attn_mask)
     result, view = allocate_output(q, dims, merge_heads, out)
     if dims.q_len > 0:
-        launch_decode(q, k, v, head_mask, view, dims, causal, num_splits, attn_mask=attn_mask, row_splits=row_splits)
+        launch_decode(q, k, v, head_mask, view, dims, causal, num_splits, attn_mask=attn_mask)
     return result

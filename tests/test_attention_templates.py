@@ -164,15 +164,6 @@ DECODE_CASES = [
     (2, 4, 1, 2, 3, 130, 32, False, torch.float32, "random", 5),  # chunks of 32 keys, last one ragged
     (1, 4, 2, 2, 2, 600, 16, True, torch.float16, "random", 19),  # many chunks for the reduction kernel
 ]
-# (query heads per KV head) x T rows shared among programs that read the same K/V: evenly, raggedly (6 rows over 4
-# programs: 2, 2, 2, 0), with and without KV chunks
-ROW_SPLIT_CASES = [
-    (2, 8, 2, 4, 1, 70, 32, True, torch.float32, "random", 1, 2),
-    (2, 4, 2, 2, 3, 70, 32, True, torch.float32, "random", 3, 4),
-    (1, 4, 1, 4, 3, 37, 16, True, torch.float16, "clustered", 2, 5),
-    (2, 4, 2, 2, 1, 130, 16, False, torch.float16, "all", None, 2),
-    (1, 4, 2, 1, 3, 45, 32, True, torch.float32, "none", 1, 3),
-]
 
 
 @pytest.mark.parametrize("batch,hq,hkv,groups,q_len,kv_len,head_dim,causal,dtype,mask_kind,splits", DECODE_CASES)
@@ -183,20 +174,6 @@ def test_decode_matches_reference(batch, hq, hkv, groups, q_len, kv_len, head_di
     out = poisoned(batch, hq, q_len, head_dim, dtype)
     res = group_attention_decode(q, k, v, head_mask, causal=causal, out=out, num_splits=splits)
     assert res is out
-    assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=causal), head_mask, dtype)
-
-
-@pytest.mark.parametrize(
-    "batch,hq,hkv,groups,q_len,kv_len,head_dim,causal,dtype,mask_kind,splits,row_splits", ROW_SPLIT_CASES
-)
-def test_decode_rows_shared_among_programs(
-    batch, hq, hkv, groups, q_len, kv_len, head_dim, causal, dtype, mask_kind, splits, row_splits
-):
-    gen = torch.Generator().manual_seed(q_len * 5 + kv_len + row_splits)
-    q, k, v = make_inputs(batch, hq, hkv, q_len, kv_len, head_dim, dtype, gen)
-    head_mask = make_mask(mask_kind, batch, q_len, groups, gen)
-    out = poisoned(batch, hq, q_len, head_dim, dtype)
-    group_attention_decode(q, k, v, head_mask, causal=causal, out=out, num_splits=splits, row_splits=row_splits)
     assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=causal), head_mask, dtype)
 
 

@@ -90,15 +90,6 @@ def test_decode_multi_token(dtype, q_len, splits):
     _check(out, group_attention_reference(q, k, v, mask), mask, dtype)
 
 
-@pytest.mark.parametrize("q_len,splits,row_splits", [(1, 1, 2), (1, 2, 2), (1, 1, 4), (3, 1, 5), (4, 2, 3)])
-@pytest.mark.parametrize("mask_kind", ["random", "all", "none"])
-def test_decode_rows_shared_among_programs(q_len, splits, row_splits, mask_kind):
-    q, k, v, mask = _inputs(16, q_len, 4095, torch.bfloat16, mask_kind, seed=q_len + row_splits)
-    out = torch.full_like(q, float("nan"))
-    group_attention_decode(q, k, v, mask, out=out, num_splits=splits, row_splits=row_splits)
-    _check(out, group_attention_reference(q, k, v, mask), mask, torch.bfloat16)
-
-
 def test_decode_replays_in_cuda_graph():
     q, k, v, mask = _inputs(4, 1, 4096, torch.bfloat16, "random", seed=3)
     out = torch.full_like(q, float("nan"))

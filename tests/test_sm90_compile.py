@@ -50,7 +50,7 @@ out["decode"] = kernel_stats(compile_sm90(
     _decode_split_kernel,
     {"Q": bf, "K": bf, "V": bf, "MASK": "*u8", "O": bf, "PART_O": "*fp32", "PART_LSE": "*fp32", "AMASK": "*u8"},
     dict(Q_PER_KV=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, IS_CAUSAL=False, HAS_AMASK=True, DIRECT_OUT=False,
-         INPUT_PRECISION="tf32", BLOCK_N=64, USE_GDC=False, ROW_SPLITS=1), ("qk_scale",), 4, 2))
+         INPUT_PRECISION="tf32", BLOCK_N=64, USE_GDC=False), ("qk_scale",), 4, 2))
 gemm = dict(BLOCK_M=128, BLOCK_K=64, EVEN_K=True, EVEN_N=True, GROUP_N=8, UPCAST=False, DOT_PRECISION="tf32",
             USE_TMA=True, WARP_SPECIALIZE=False, TAIL_SPLIT=2, ACTIVE_FIRST=0)
 for name, paired in (("gated_up_tma", False), ("gated_up_tma_paired", True)):
