@@ -269,12 +269,14 @@ def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     """The query projection's output-group GEMV and the output projection's input-group GEMV (K = 4096: 32 MB weights,
     where a launch's fixed time is a large part) with fewer K splits and deeper pipelines than their defaults (8 and 4
     splits), every mask kind, three draws of the 50% mask at one token
-    (``kernels_linear_sweep_small_k_decode.json``)."""
+    (``kernels_linear_sweep_small_k_decode.json``; at 2-16 tokens ``_m2_16.json``)."""
     def out_gemv(block_n: int, block_k: int, split: int, stages: int) -> dict:
         return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=stages)
 
     q = [out_gemv(64, 128, 8, 4), out_gemv(64, 128, 4, 6), out_gemv(32, 128, 4, 6), out_gemv(32, 128, 2, 8),
          out_gemv(32, 128, 1, 12), out_gemv(64, 128, 2, 8), out_gemv(32, 256, 2, 4), out_gemv(64, 256, 4, 3)]
+    if max(ms) > 2:  # 4-16 tokens (stop 30): also the shallower 2- and 4-split pipelines
+        q += [out_gemv(64, 128, 2, 4), out_gemv(64, 128, 4, 3), out_gemv(64, 128, 2, 6)]
     o = [_input_gemv(64, 5, 4), _input_gemv(32, 12, 1), _input_gemv(32, 16, 1), _input_gemv(32, 10, 2),
          _input_gemv(64, 8, 2), _input_gemv(16, 16, 1), _input_gemv(32, 8, 4)]
     masks = ["rand50", "rand50", "rand50", "pattern50", "rand25", "rand70"]

@@ -292,7 +292,10 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
 
     The plain form at one token splits K in 4 with 6 stages (``kernels_linear_sweep_small_k_decode.json``, the
     Llama-3-8B query projection alone, three 50% draws and the clustered, 25% and 70% masks: 12.75 / 8.73 / 7.03 /
-    7.1 / 15.1 / 8.0 µs against 12.98 / 9.05 / 7.26 / 7.4 / 15.3 / 8.2 with 8 splits and 4 stages)."""
+    7.1 / 15.1 / 8.0 µs against 12.98 / 9.05 / 7.26 / 7.4 / 15.3 / 8.2 with 8 splits and 4 stages). At 2-16 tokens
+    it splits K in 2 with 6 stages (``kernels_linear_sweep_small_k_decode_m2_16.json``, the query projection alone
+    at 50%, 3 interleaved rounds: 2 / 4 / 8 / 16 tokens 11.4 / 11.5 / 12.3 / 12.4 µs against 12.9 / 13.5 / 15.3 / 15.3
+    with 8 splits and 4 stages; cuBLAS dense 13.4-13.8)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=64, SPLIT=1, num_warps=4, num_stages=1)
     block_n = min(64, max(16, next_pow2(group_size)))
@@ -304,6 +307,8 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=3)
     if num_tokens == 1 and k_dim >= 2048:  # K in 4, 6 stages: 0.2-0.3 µs less than 8 with 4 on six draws (see above)
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=6)
+    if not many and k_dim >= 2048:  # 2-16 tokens: K in 2, 6 stages (see above)
+        return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=2, num_warps=4, num_stages=6)
     return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=2 if many else 8, num_warps=4, num_stages=4)
 
 

@@ -527,13 +527,15 @@ def test_output_groups_with_dense_linears(k, m, kind, with_bias):
 
 def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
     """The GPU launch rule (H200 sweep, benchmarks/results/kernels_qkv_sweep.json): a query projection launched with
-    its key and value projections splits K in 4 with 3 stages; alone (2-16 tokens) in 8 with 4; the gated form does not
-    split."""
+    its key and value projections splits K in 4 with 3 stages; alone at 2-16 tokens in 2 with 6
+    (kernels_linear_sweep_small_k_decode_m2_16.json), in 8 with 4 on small K; the gated form does not split."""
     gemv = k["gemv_decode"]
     monkeypatch.setattr(gemv, "interpreting", lambda: False)
     assert gemv.output_config(512, 4096, False, dense=2) == dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4,
                                                                  num_stages=3)
-    assert gemv.output_config(512, 4096, False, num_tokens=4)["SPLIT"] == 8
+    assert gemv.output_config(512, 4096, False, num_tokens=4) == dict(BLOCK_N=64, BLOCK_K=128, SPLIT=2, num_warps=4,
+                                                                      num_stages=6)
+    assert gemv.output_config(64, 576, False, num_tokens=4)["SPLIT"] == 8  # small K: not measured, as before
     assert gemv.output_config(128, 4096, True)["SPLIT"] == 1
     assert gemv.output_config(512, 4096, False, num_tokens=64)["SPLIT"] == 2  # over 16 tokens
     gated_stages = {m: gemv.output_config(128, 4096, True, num_tokens=m)["num_stages"] for m in (1, 2, 16, 32, 64, 128)}
@@ -550,7 +552,7 @@ def test_decode_configs_at_one_token(k, monkeypatch):
     monkeypatch.setattr(gemv, "interpreting", lambda: False)
     assert gemv.output_config(512, 4096, False, num_tokens=1) == dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4,
                                                                       num_stages=6)
-    assert gemv.output_config(512, 4096, False, num_tokens=2)["SPLIT"] == 8
+    assert gemv.output_config(512, 4096, False, num_tokens=2)["SPLIT"] == 2
     assert gemv.output_config(64, 576, False, num_tokens=1)["SPLIT"] == 8  # small K: as before
     short = dict(BLOCK_N=32, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=12)
     default = dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=5)
