@@ -9,11 +9,12 @@ sparsity, and "pattern50": each token takes one of 8 random patterns with 50% of
 (correlated, router-like). Every timing of ours includes building the plan it needs.
 
 Timing: each measured callable runs R rotation copies (distinct weights and inputs, so L2 cannot hold
-them) inside one CUDA graph; triton.testing.do_bench (median, L2 flushed between replays) of the replay,
-divided by R. Ceilings measured in the same run: device-to-device copy (bytes read + written) and a
+them) inside one CUDA graph, median replay time divided by R. Each copy has its own mask draw (at least
+``DECODE_DRAWS`` copies up to 16 tokens), so a row is the mean over R draws, not one draw's luck. Ceilings
+measured in the same run: device-to-device copy (bytes read + written) and a
 8192^3 bf16 matmul on random data. Bound per case: max(bytes / copy BW, flops / matmul rate) with bytes =
 weights of groups active for any token + activations read/written, flops = 2 * active (token, group) pairs
-* group_size * other dim (x2 for gate_up).
+* group_size * other dim (x2 for gate_up), averaged over the copies' draws.
 
 The ops and mask kinds are in ``kernels_linear_ops.py``; the configuration grids of the ``--sweep-*`` flags in
 ``kernels_linear_sweeps.py``.
@@ -164,17 +165,18 @@ class Case:
                 fns.append(lambda x=x, w=(self.w_half[i] if half else self.w[i]): F.linear(x, w))
         return fns
 
-    def union_fns(self, mask: torch.Tensor) -> list | None:
+    def union_fns(self, masks: list) -> list | None:
         """cuBLAS on a dense weight holding exactly the groups some token of the batch uses (an oracle static pruner
-        for this batch: the fewest bytes a dense kernel could read), or None for ffn or when every group is used
-        (then it is the dense row). Input groups: x restricted to the same columns, copied outside the timing."""
+        for this batch: the fewest bytes a dense kernel could read), per rotation copy on that copy's mask draw, or
+        None for ffn or when every copy's batch uses every group (then it is the dense row). Input groups: x
+        restricted to the same columns, copied outside the timing."""
         kind, gs = self.cfg["kind"], self.cfg["gs"]
-        used = mask.any(0)
-        if kind == "ffn" or bool(used.all()):
+        used = [mask.any(0) for mask in masks]
+        if kind == "ffn" or all(bool(u.all()) for u in used):
             return None
-        idx = used.repeat_interleave(gs).nonzero().flatten()
         fns = []
         for i in range(len(self.x)):
+            idx = used[i].repeat_interleave(gs).nonzero().flatten()
             if kind == "gated":
                 w = torch.cat([self.wg[i][idx], self.wu[i][idx]])
                 fns.append(lambda x=self.x[i], w=w: F.linear(x, w))
@@ -185,8 +187,10 @@ class Case:
                 fns.append(lambda x=x_u, w=w_u: F.linear(x, w))
         return fns
 
-    def ours_fns(self, mask: torch.Tensor, config: dict | None = None, block_m: int | None = None) -> list:
+    def ours_fns(self, mask, config: dict | None = None, block_m: int | None = None) -> list:
+        """Our op on each rotation copy; ``mask``: one mask for every copy, or a list with each copy's draw."""
         kind, gs, fns = self.cfg["kind"], self.cfg["gs"], []
+        masks = mask if isinstance(mask, list) else [mask] * len(self.x)
         decode = self.m <= 16
         out_path = "auto"
         if config is not None and kind in ("gated", "output"):  # config["path"]: force the GEMV / GEMM kernel
@@ -196,13 +200,13 @@ class Case:
         gemv_limit = GEMV_MAX_TOKENS["gated_up_groups" if kind in ("gated", "ffn") else "output_group_linear"]
         no_plan = out_path == "gemv" or (out_path == "auto" and self.m <= gemv_limit)
         for i in range(len(self.x)):
-            x = self.x[i]
+            x, mask = self.x[i], masks[i]
             if kind == "gated":
-                def f(x=x, wg=self.wg[i], wu=self.wu[i]):
+                def f(x=x, wg=self.wg[i], wu=self.wu[i], mask=mask):
                     plan = None if no_plan else build_group_plan(mask, parts=("output",))
                     return gated_up_groups(x, wg, wu, mask, gs, "silu", plan, config=config, path=out_path)
             elif kind == "output":
-                def f(x=x, w=self.w[i]):
+                def f(x=x, w=self.w[i], mask=mask):
                     plan = None if no_plan else build_group_plan(mask, parts=("output",))
                     return output_group_linear(x, w, mask, gs, plan=plan, config=config, path=out_path)
             elif kind == "input":
@@ -212,7 +216,7 @@ class Case:
 
                 path = self.cfg.get("path", "auto")
 
-                def f(x=x, w=self.w[i], pm=pm, path=path):
+                def f(x=x, w=self.w[i], pm=pm, path=path, mask=mask):
                     if decode:  # as in the model: the GEMV finds the groups itself (no plan launch)
                         plan = None
                     elif path == "gemm" or config is not None:
@@ -222,7 +226,7 @@ class Case:
                     p = "gemm" if (config is not None and not decode) else path
                     return input_group_linear(x, w, mask, gs, plan=plan, config=config, x_is_masked=pm, path=p)
             else:
-                def f(x=x, wg=self.wg[i], wu=self.wu[i], wd=self.wd[i]):
+                def f(x=x, wg=self.wg[i], wu=self.wu[i], wd=self.wd[i], mask=mask):
                     plan = None if no_plan else build_group_plan(mask)  # shared by gate/up and down
                     h = gated_up_groups(x, wg, wu, mask, gs, "silu", plan)
                     return input_group_linear(h, wd, mask, gs, plan=plan, x_is_masked=True)
@@ -235,11 +239,25 @@ def _silu_mul(gu: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
+# Main table: each rotation copy gets its own mask draw, and up to 16 tokens at least this many copies. With few
+# tokens one draw decides the bytes (a token's active count among 8 query / output groups is Binomial(8, p): one
+# 50% draw may use 2 groups, another 6), so a row reports the mean over draws, as a decode step sees many tokens.
+DECODE_DRAWS = 8
+
+
 def rotations_for(op: str, m: int) -> int:
     """Copies so that one graph replay streams >= ~3 x the 60 MB L2 of weights (at least 2)."""
     cfg = OPS[op]
     wbytes = cfg["K"] * cfg["N"] * 2 * (3 if cfg["kind"] == "ffn" else 2 if cfg["kind"] == "gated" else 1)
     return max(2, min(8, -(-180_000_000 // wbytes)))
+
+
+def mean_cost(op: str, masks: list, m: int, ceil: dict) -> tuple[float, float, float]:
+    """(bytes, flops, bound µs) averaged over the copies' mask draws; each draw's bound is
+    max(bytes / copy BW, flops / matmul rate)."""
+    costs = [cost(op, mask, m) for mask in masks]
+    bounds = [max(b / (ceil["copy_TBps"] * 1e12), f / (ceil["bf16_mm_TFLOPs"] * 1e12)) * 1e6 for b, f in costs]
+    return (statistics.fmean(b for b, _ in costs), statistics.fmean(f for _, f in costs), statistics.fmean(bounds))
 
 
 def interleaved(timed: dict, rounds: int) -> dict:
@@ -261,9 +279,10 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
         for m in ms:
             if m < OPS[op].get("min_m", 0):
                 continue
-            case = Case(op, m, rotations_for(op, m), gen)
+            copies = max(rotations_for(op, m), DECODE_DRAWS if m <= 16 else 0)
+            case = Case(op, m, copies, gen)
             g = OPS[op]["N"] // OPS[op]["gs"] if OPS[op]["kind"] in ("gated", "output", "ffn") else OPS[op]["K"] // OPS[op]["gs"]
-            mask_list = [(mname, make_mask(mname, m, g, gen)) for mname in masks]
+            mask_list = [(mname, [make_mask(mname, m, g, gen) for _ in range(copies)]) for mname in masks]
             timed = {"dense": case.dense_fns(half=False, act=False), "half": case.dense_fns(half=True, act=False)}
             if op == "gate_up":
                 timed["dense_act"] = case.dense_fns(half=False, act=True)
@@ -277,14 +296,14 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
             for mname, mask in mask_list:
                 ours = med[f"ours:{mname}"]
                 union = med.get(f"union:{mname}", dense if OPS[op]["kind"] != "ffn" else float("nan"))
-                nbytes, flops = cost(op, mask, m)
-                bound = max(nbytes / (ceil["copy_TBps"] * 1e12), flops / (ceil["bf16_mm_TFLOPs"] * 1e12)) * 1e6
+                nbytes, flops, bound = mean_cost(op, mask, m, ceil)
                 row = dict(op=op, mask=mname, M=m, ours_us=ours, dense_us=dense, dense_act_us=dense_act,
                            half_us=half, union_us=union, bound_us=bound, speedup=dense / ours,
                            speedup_vs_dense_act=dense_act / ours,
                            frac_bound=bound / ours, TBps=nbytes / (ours * 1e-6) / 1e12,
                            TFLOPs=flops / (ours * 1e-6) / 1e12, bytes=nbytes, flops=flops,
-                           active_frac=float(mask.float().mean()), union_frac=float(mask.any(0).float().mean()),
+                           draws=len(mask), active_frac=statistics.fmean(float(d.float().mean()) for d in mask),
+                           union_frac=statistics.fmean(float(d.any(0).float().mean()) for d in mask),
                            ours_us_rounds=samples[f"ours:{mname}"], dense_us_rounds=samples["dense"],
                            union_us_rounds=samples.get(f"union:{mname}"))
                 rows.append(row)
@@ -361,6 +380,8 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              f"bf16 matmul {meta['ceilings']['bf16_mm_TFLOPs']:.0f} TFLOP/s (8192^3, random).", "",
              "Times in µs: median of 25 CUDA-graph replays timed with CUDA events, each replay running the op on R "
              "rotated weight/input copies (R x weight bytes >= 180 MB = 3 x L2, no explicit flush), divided by R; "
+             f"each copy has its own mask draw (at least {DECODE_DRAWS} copies up to 16 tokens), so every value is "
+             "the mean over R draws (bound and union included); "
              "ours includes building the plan its path needs (none for the GEMVs, as in the model). Dense, half "
              "and ours of one (op, M) are timed in "
              f"{meta.get('rounds', 1)} interleaved rounds; each value is the median over rounds. "
@@ -374,7 +395,7 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              "dense+act adds silu(g)*u; half = cuBLAS on a statically half-width weight; union = cuBLAS on a dense "
              "weight of exactly the groups some token of the batch uses (an oracle static pruner for this batch; "
              "input groups with x restricted to those columns; equal to dense where every group is used). "
-             "speedup = dense / ours. bound = max(bytes / copy BW, flops / matmul rate) for this mask.", "",
+             "speedup = dense / ours. bound = max(bytes / copy BW, flops / matmul rate) per draw, averaged.", "",
              "| op | mask | M | ours | dense | dense+act | half | union | bound | speedup | % bound | TB/s | TFLOP/s |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
