@@ -2,7 +2,8 @@
 
     python3 benchmarks/kernels.py --out benchmarks/results [--quick]
 
-Each part writes its own JSON + markdown (kernels_linear.*, kernels_attention.*) under --out.
+Each part writes its own JSON + markdown (kernels_linear.*, kernels_attention.*) under --out; then
+``kernels_targets.py`` writes issue 4's targets from both into ``kernels_targets.md``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ def main() -> int:
     args = parser.parse_args()
     linear = [sys.executable, str(HERE / "kernels_linear.py"), "--out", args.out]
     attention = [sys.executable, str(HERE / "kernels_attention.py"), "--out-dir", args.out] + (["--quick"] if args.quick else [])
-    for cmd in (linear, attention):
+    targets = [sys.executable, str(HERE / "kernels_targets.py"), "--linear", str(Path(args.out) / "kernels_linear.json"),
+               "--attention", str(Path(args.out) / "kernels_attention.json"),
+               "--out", str(Path(args.out) / "kernels_targets.md")]
+    for cmd in (linear, attention, targets):
         print("+", " ".join(cmd), flush=True)
         code = subprocess.call(cmd)
         if code:

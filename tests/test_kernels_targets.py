@@ -1,0 +1,69 @@
+"""benchmarks/kernels_targets.py: issue 4's targets read from benchmark results (synthetic results, no GPU)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from kernels_targets import attention_targets, linear_targets, render  # noqa: E402
+
+
+def _linear_row(op, m, ours, dense, bound, union=None, half=None, mask="rand50"):
+    return dict(op=op, mask=mask, M=m, ours_us=ours, dense_us=dense, bound_us=bound, union_us=union or dense,
+                half_us=half or dense / 2, speedup=dense / ours, frac_bound=bound / ours)
+
+
+def _attention_row(kind, batch, length, sparsity, ours_ms, sdpa_ms, roofline_ms, sdpa_tbps=3.0):
+    return dict(kind=kind, batch=batch, T=length if kind == "prefill" else 1, S=length, sparsity=sparsity,
+                ms=ours_ms, sdpa_ms=sdpa_ms, roofline_ms=roofline_ms, speedup=sdpa_ms / ours_ms, sdpa_TBps=sdpa_tbps)
+
+
+LINEAR = {"meta": {"command": "python3 benchmarks/kernels_linear.py --out X", "date": "today"}, "rows": [
+    _linear_row("gate_up", 1, 30.0, 57.0, 27.0, union=31.0),           # 1.90x: met; union cuBLAS 1.84x
+    _linear_row("down", 8, 34.0, 32.6, 27.6),                           # 81% of the bound
+    _linear_row("q_proj", 4096, 125.0, 176.0, 100.0, half=99.0),       # 1.41x; half-width cuBLAS 1.78x
+    _linear_row("o_proj", 1024, 60.0, 45.0, 25.0),                      # no target between 256 and 4096 tokens
+    _linear_row("gate_up", 1, 20.0, 57.0, 17.0, mask="rand70"),         # not a target mask
+    _linear_row("ffn", 1, 51.0, 96.0, 42.0),                            # not a target op
+]}
+ATTENTION = {"command": "python benchmarks/kernels_attention.py", "date": "today",
+             "ceilings": {"read_TBps": 4.4}, "rows": [
+                 _attention_row("prefill", 1, 8192, 0.5, 0.6, 1.7, 0.4),
+                 _attention_row("prefill", 1, 4096, 0.5, 0.16, 0.5, 0.1),       # below 8k: no target
+                 _attention_row("decode", 16, 4096, 0.5, 0.0418, 0.0750, 0.0305),  # 1.79x: not met
+                 _attention_row("decode", 4, 4096, 0.5, 0.016, 0.028, 0.008),    # B x S < 64k: "elsewhere"
+                 _attention_row("decode", 1, 1024, 0.5, 0.008, 0.011, 0.001),    # worst elsewhere, 1.35x
+                 _attention_row("decode", 16, 4096, 0.0, 0.073, 0.075, 0.061),   # 0%: no target
+             ]}
+
+
+def test_linear_targets_pick_the_50_percent_rows_with_their_goal_and_reference():
+    rows = linear_targets(LINEAR)
+    assert [r["name"] for r in rows] == ["gate_up, 1 token", "down, 8 tokens", "q_proj, 4096 tokens"]
+    one, eight, prefill = rows
+    assert one["met"] and abs(one["value"] - 1.9) < 1e-9 and not one["baseline_reaches"]
+    assert "union cuBLAS 1.84x" in one["reference"] and "byte bound 2.11x" in one["reference"]
+    assert not eight["met"] and abs(eight["value"] - 27.6 / 34.0) < 1e-9
+    assert eight["reference"] == "union cuBLAS at 85% of the bound" and not eight["baseline_reaches"]
+    assert not prefill["met"] and prefill["reference"] == "static half-width cuBLAS 1.78x"
+
+
+def test_attention_targets_split_decode_by_bandwidth_bound_shapes():
+    rows = attention_targets(ATTENTION)
+    assert [r["name"] for r in rows] == ["prefill, T = 8192", "decode, B = 16, S = 4096",
+                                         "decode elsewhere (worst: B = 1, S = 1024)"]
+    prefill, decode, elsewhere = rows
+    assert prefill["met"] and prefill["reference"] == "roofline 4.25x"
+    assert not decode["met"] and "SDPA reads 3.00 of 4.40 TB/s" in decode["reference"]
+    assert elsewhere["met"] and abs(elsewhere["value"] - 0.011 / 0.008) < 1e-9
+    assert all(r["baseline_reaches"] is None for r in rows)
+
+
+def test_render_counts_met_targets_and_names_its_sources():
+    text = render(LINEAR, ATTENTION)
+    assert "**3 of 6 targets met.**" in text
+    assert "`python3 benchmarks/kernels_linear.py --out X`" in text
+    assert "| linear | down, 8 tokens | fraction of bound >= 0.9 | 81% | NO | union cuBLAS at 85% of the bound | no |" in text
+    assert "| attention | decode, B = 16, S = 4096 | speed-up >= 1.8 | 1.79x | NO |" in text
