@@ -92,6 +92,10 @@ def linear_cases(gen, tokens_list) -> list[bool]:
                           output_group_linear_reference(x, w_out, mask, big)))
         out.append(_close("output_group_linear M=1, K=2100 (row kernel)", output_group_linear(x, w_out, mask, big),
                           output_group_linear_reference(x, w_out, mask, big)))
+        x5, mask5 = _randn(5, cols, gen=gen), _rand(5, 8, gen=gen) < 0.5  # 2-16 tokens: K in 2, 6 stages
+        out.append(_close("output_group_linear M=5, K=2100 (2 splits, 6 stages)",
+                          output_group_linear(x5, w_out, mask5, big), output_group_linear_reference(x5, w_out, mask5,
+                                                                                                   big)))
         h = _randn(1, 8 * big, gen=gen)
         out.append(_close("input_group_linear M=1, 2100 rows (unsplit, 12 stages)",
                           input_group_linear(h, w_in, mask, big, config=mma),
