@@ -316,15 +316,17 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
 
 
 def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1) -> list:
-    """Time each case's configurations; with ``repeat`` > 1 the configurations are timed in ``repeat`` interleaved
+    """Time each case's configurations (each rotation copy on its own mask draw, as the main table; sweeps before
+    stop 30 timed one draw); with ``repeat`` > 1 the configurations are timed in ``repeat`` interleaved
     rounds (A B A B ...) and ``us`` is the median over rounds, so that drift of the GPU's clocks during the sweep
     does not favour one configuration (between two single timings the same configuration moved by up to 16%)."""
     out = []
     for op, m, mname, configs in SWEEPS if sweeps is None else sweeps:
-        case = Case(op, m, rotations_for(op, m), gen)
+        copies = max(rotations_for(op, m), DECODE_DRAWS if m <= 16 else 0)
+        case = Case(op, m, copies, gen)
         kind = OPS[op]["kind"]
         g = OPS[op]["N"] // OPS[op]["gs"] if kind in ("gated", "output") else OPS[op]["K"] // OPS[op]["gs"]
-        mask = make_mask(mname, m, g, gen)
+        mask = [make_mask(mname, m, g, gen) for _ in range(copies)]  # a draw per copy, as in the main table
         dense = bench_graph(case.dense_fns(half=False, act=False))
         expected = case.ours_fns(mask)[0]().float()  # the default configuration's result: each config must match it
         runs = []
@@ -342,9 +344,10 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1)
         for i, (cfg, block_m, _fns, err) in enumerate(runs):
             samples = timed.get(i, [])
             t = statistics.median(samples) if samples else float("nan")
-            nbytes, flops = cost(op, mask, m)
+            nbytes, flops = statistics.fmean(cost(op, d, m)[0] for d in mask), statistics.fmean(cost(op, d, m)[1]
+                                                                                                for d in mask)
             row = dict(op=op, M=m, mask=mname, config=cfg, block_m=block_m, us=t, dense_us=dense, rel_err=err,
-                       bytes=nbytes, flops=flops)
+                       bytes=nbytes, flops=flops, draws=len(mask))
             if repeat > 1:
                 row["us_rounds"] = samples
             out.append(row)
