@@ -14,8 +14,8 @@ on the H200, cuBLAS's GEMV on the same bytes 7.7 / 9.5 / 13.5).
 - Input groups (:func:`input_rows_gemv`): the program's loads of ``W`` and ``x`` are predicated on the token's group
   of each column, so inactive groups' bytes are never fetched and ``x`` needs no pre-masking.
 
-Only one token (``M == 1``); ``gemv_decode`` takes the output-group kernel by default where it was measured faster
-(:func:`applies`); the input-group kernel runs when a config asks for it (``ROWS``).
+Only one token (``M == 1``); ``gemv_decode`` takes the output-group kernel by default on weights of at most
+``MAX_WEIGHT_BYTES`` (:func:`applies`); the input-group kernel runs when a config asks for it (``ROWS``).
 """
 from __future__ import annotations
 
@@ -30,16 +30,23 @@ if HAS_TRITON:
 
     @triton.jit
     def _rows_times_x(w_base, x_ptr, mask_ptr, rows_c, K, GROUP_SIZE: tl.constexpr, MASK_COLUMNS: tl.constexpr,
-                      ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+                      ROWS: tl.constexpr, BLOCK_K: tl.constexpr, MASK_VALUE_BITS: tl.constexpr = 0):
         """fp32 ``sum_k W[rows, k] * x[k]`` in steps of ``BLOCK_K`` register loads; ``MASK_COLUMNS``: only over the
-        columns whose group the token uses (``mask_ptr[k // GROUP_SIZE] != 0``; other bytes are not fetched)."""
+        columns whose group the token uses (``mask_ptr[k // GROUP_SIZE] != 0``; other bytes are not fetched).
+        ``MASK_VALUE_BITS`` 15 / 31: the mask is a 16- / 32-bit float read through an integer view, nonzero where
+        its value bits (sign cleared: -0.0 is zero) are."""
         offs_k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((ROWS,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             on = kk < K
             if MASK_COLUMNS:
-                on = on & (tl.load(mask_ptr + kk // GROUP_SIZE, mask=on, other=0) != 0)
+                flag = tl.load(mask_ptr + kk // GROUP_SIZE, mask=on, other=0)
+                if MASK_VALUE_BITS == 15:
+                    flag = flag & 0x7FFF
+                elif MASK_VALUE_BITS == 31:
+                    flag = flag & 0x7FFFFFFF
+                on = on & (flag != 0)
             w = tl.load(w_base + rows_c[:, None] * K + kk[None, :], mask=on[None, :], other=0.0)
             xv = tl.load(x_ptr + kk, mask=on, other=0.0)
             acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
@@ -101,6 +108,7 @@ if HAS_TRITON:
         ROWS: tl.constexpr,
         BLOCK_K: tl.constexpr,
         USE_GDC: tl.constexpr,
+        MASK_VALUE_BITS: tl.constexpr,
     ):
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
@@ -108,7 +116,7 @@ if HAS_TRITON:
         rows = pid * ROWS + tl.arange(0, ROWS)
         valid = rows < N
         rows_c = tl.where(valid, rows, 0).to(tl.int64)
-        acc = _rows_times_x(w_ptr, x_ptr, mask_ptr, rows_c, K, GROUP_SIZE, True, ROWS, BLOCK_K)
+        acc = _rows_times_x(w_ptr, x_ptr, mask_ptr, rows_c, K, GROUP_SIZE, True, ROWS, BLOCK_K, MASK_VALUE_BITS)
         if HAS_BIAS:
             acc += tl.load(b_ptr + rows_c).to(tl.float32)
         tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=valid)
@@ -120,7 +128,8 @@ STEP_ELEMENTS = 8192  # elements per program and load step (16 KB of bf16): the 
 # 50% draws and the clustered, 25% and 70% masks; kernels_qkv_sweep_rows.json): query projection (32 MB) 12.7 / 8.8,
 # 8.8 / 7.0, 8.6 / 7.0, 12.7 / 8.7, 7.8 / 6.3 with 4 rows and 8 warps; with key and value (48 MB) 12.7 / 10.5;
 # output projection, input pre-masked, 8.3 / 7.0, 8.4 / 7.3, 7.4 / 7.1, 12.8 / 10.2, 7.3 / 6.7 with 2 rows and 4
-# warps (not the default: see applies). The down projection (117 MB) stays on the split-K GEMV: 21.7 against 24.8.
+# warps (stop 30, a mask draw per rotation copy, kernels_linear_sweep_rows_gemv_draws.json: 8.5 / 7.6, 8.5 / 7.6,
+# 7.8 / 7.2, 10.3 / 8.5, 6.7 / 6.7). The down projection (117 MB) stays on the split-K GEMV: 21.7 against 24.8.
 MAX_WEIGHT_BYTES = 48 << 20
 OUTPUT_ROWS, OUTPUT_WARPS = 4, 8
 INPUT_ROWS, INPUT_WARPS = 2, 4
@@ -136,8 +145,9 @@ def applies(num_tokens: int, weight_bytes: int, group_size: int, config: dict | 
     """Whether a GEMV call takes the row-streaming kernels: ``config["ROWS"]`` > 0 forces them (0: never; a config
     without ``ROWS`` keeps ``gemv_decode``'s kernels), else, for output groups only, one token on a weight of at most
     ``MAX_WEIGHT_BYTES`` (not under the interpreter by default: the tests force it). The input-group kernel is not a
-    default: faster alone (see above) but slower in the 8B model's decode step, 12.3 µs per output projection against
-    about 8 (``benchmarks/notes_linear.md``, stop 29)."""
+    default yet: in the 8B model's decode step it took 12.3 µs per output projection against about 7.8 on the split-K
+    GEMV, because it read the model's bf16 masks as floats (alone with bf16 masks 13.05 µs; read as integers since stop
+    30, :func:`integer_mask`, 7.32 against the split-K GEMV's 8.33). The decode step has not been re-timed with it."""
     forced = (config or {}).get("ROWS")
     if config and forced is None:  # a configuration of gemv_decode's kernels (benchmark sweeps): theirs
         return False
@@ -177,14 +187,30 @@ def output_rows_gemv(x, weight, bias, mask_rows, group_size, config=None, out=No
     return y
 
 
+# Float masks (the routers' 0.0 / 1.0 rows) as the integer view the input-group kernel reads, and the bits that hold
+# their value. The kernel loads a flag per weight column; with float flags it took 13.2 µs per 8B output projection,
+# with integer ones 7.4 (H200, 48 rotated copies, results/row_gemv_mask_dtype_probe.txt): the 12.3 µs this kernel
+# took per call in the 8B model's decode step (stops 29-30), whose masks are bf16.
+_INTEGER_VIEWS = {torch.bfloat16: (torch.int16, 15), torch.float16: (torch.int16, 15), torch.float32: (torch.int32, 31)}
+
+
+def integer_mask(mask_rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(view, value_bits)``: a float mask's rows reinterpreted as integers (no copy, no kernel) and the number of
+    low bits that hold its value (15 / 31: the sign bit is cleared, so -0.0 reads as zero); other dtypes as they are,
+    with 0 (compared with zero whole)."""
+    view = _INTEGER_VIEWS.get(mask_rows.dtype)
+    return (mask_rows, 0) if view is None else (mask_rows.view(view[0]), view[1])
+
+
 def input_rows_gemv(x, weight, bias, mask_rows, group_size, config=None, out=None):
     """``y[1, N] = (x * mask over K) @ W.T + b`` for one token, reading only the token's groups' columns."""
     rows, warps = rows_config(config, INPUT_ROWS, INPUT_WARPS)
     k_dim, n_dim = x.shape[1], weight.shape[0]
     y = torch.empty(1, n_dim, dtype=x.dtype, device=x.device) if out is None else out
+    flags, value_bits = integer_mask(mask_rows)
     _input_rows_gemv_kernel[(cdiv(n_dim, rows),)](
-        x, weight, bias if bias is not None else x, y, mask_rows, n_dim, k_dim,
+        x, weight, bias if bias is not None else x, y, flags, n_dim, k_dim,
         GROUP_SIZE=group_size, HAS_BIAS=bias is not None, ROWS=rows, BLOCK_K=_block_k(k_dim, rows),
-        num_warps=warps, **pdl_launch(x.device),
+        MASK_VALUE_BITS=value_bits, num_warps=warps, **pdl_launch(x.device),
     )
     return y

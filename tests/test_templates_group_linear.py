@@ -672,6 +672,24 @@ def test_one_token_row_gemvs(k, kind, dtype, rows, k_dim):
     _check(yi, ref.input_group_linear_reference(x, wi, mi, gs_in, bi), dtype)
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_input_row_gemv_reads_float_masks_through_their_bits(k, mask_dtype):
+    """Float masks (the routers' rows) reach the input-group row kernel as an integer view of their bits, the sign
+    cleared: -0.0 is inactive, any other nonzero value (0.7, 1.0) active, as a float comparison with zero says."""
+    gen = torch.Generator().manual_seed(19)
+    gs, groups = 16, 6
+    x = torch.randn(1, gs * groups, generator=gen)
+    w, b = torch.randn(21, gs * groups, generator=gen), torch.randn(21, generator=gen)
+    values = torch.tensor([[1.0, -0.0, 0.7, 0.0, -1.0, 0.0]], dtype=mask_dtype)
+    view, bits = k["gemv_rows"].integer_mask(values)
+    assert view.dtype == (torch.int32 if mask_dtype == torch.float32 else torch.int16) and bits in (15, 31)
+    assert view.data_ptr() == values.data_ptr()  # a view: no copy, no kernel
+    y = torch.full((1, 21), float("nan"))
+    k["gemv_rows"].input_rows_gemv(x, w, b, values, gs, dict(ROWS=4, num_warps=2), y)
+    active = torch.tensor([[True, False, True, False, True, False]])
+    _check(y, k["ref"].input_group_linear_reference(x, w, active, gs, b), torch.float32)
+
+
 def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
     """The default takes the output-group row kernel for one token on weights of at most 48 MiB (the 8B query
     projection with its key and value siblings); a ``ROWS`` config forces the row kernels or (0) not, any other config
@@ -685,7 +703,7 @@ def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
     assert not rows.applies(1, 32 << 20, 512, dict(BLOCK_N=32))
     assert not rows.applies(1, 32 << 20, 512, dict(ROWS=0))
     assert rows.applies(1, 117 << 20, 128, dict(ROWS=2))
-    assert not rows.applies(1, 32 << 20, 512, None, output=False)  # input groups: only when asked for
-    assert rows.applies(1, 32 << 20, 512, dict(ROWS=2), output=False)
+    assert not rows.applies(1, 32 << 20, 512, None, output=False)  # input groups: only when asked for (not yet
+    assert rows.applies(1, 32 << 20, 512, dict(ROWS=2), output=False)  # re-timed in the model since stop 30's fix)
     assert not rows.applies(1, 32 << 20, 12, dict(ROWS=8))  # output rows must not straddle groups
     assert rows.applies(1, 32 << 20, 12, dict(ROWS=8), output=False)  # input-group rows are output rows
