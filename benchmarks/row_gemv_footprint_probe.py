@@ -27,7 +27,9 @@ MASK_DTYPE = {"bool": torch.bool, "bf16": torch.bfloat16, "fp32": torch.float32}
 cases = [(c, "bool") for c in (6, 48, 400)] + [(48, "bf16"), (48, "fp32")]
 if len(sys.argv) > 1:  # e.g. "48:bf16,48:bool"
     cases = [(int(c), d) for c, d in (p.split(":") for p in sys.argv[1].split(","))]
-for copies, mask_dtype in cases:
+
+
+def run_case(copies: int, mask_dtype: str) -> None:
     ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(copies)]
     masks = [(torch.rand(1, 8, device="cuda") < 0.5).to(MASK_DTYPE[mask_dtype]) for _ in range(copies)]
     xs = [(torch.randn(1, K, device="cuda") * m.repeat_interleave(gs, -1).float()).to(torch.bfloat16) for m in masks]
@@ -44,5 +46,8 @@ for copies, mask_dtype in cases:
             res[k].append(bench_graph(f, reps=9))
     print(f"copies {copies:4d} ({copies * N * K * 2 / 2**30:.1f} GiB), {mask_dtype:4s} masks: " +
           "  ".join(f"{k} {statistics.median(v):6.2f}us" for k, v in res.items()), flush=True)
-    del ws, xs, masks, fns
+
+
+for copies, mask_dtype in cases:
+    run_case(copies, mask_dtype)
     torch.cuda.empty_cache()
