@@ -252,12 +252,15 @@ def rotations_for(op: str, m: int) -> int:
     return max(2, min(8, -(-180_000_000 // wbytes)))
 
 
-def mean_cost(op: str, masks: list, m: int, ceil: dict) -> tuple[float, float, float]:
+def mean_cost(op: str, masks: list, m: int, ceil: dict | None = None) -> tuple[float, float, float | None]:
     """(bytes, flops, bound µs) averaged over the copies' mask draws; each draw's bound is
-    max(bytes / copy BW, flops / matmul rate)."""
+    max(bytes / copy BW, flops / matmul rate) (None without ``ceil``)."""
     costs = [cost(op, mask, m) for mask in masks]
-    bounds = [max(b / (ceil["copy_TBps"] * 1e12), f / (ceil["bf16_mm_TFLOPs"] * 1e12)) * 1e6 for b, f in costs]
-    return (statistics.fmean(b for b, _ in costs), statistics.fmean(f for _, f in costs), statistics.fmean(bounds))
+    bound = None
+    if ceil is not None:
+        bound = statistics.fmean(max(b / (ceil["copy_TBps"] * 1e12), f / (ceil["bf16_mm_TFLOPs"] * 1e12)) * 1e6
+                                 for b, f in costs)
+    return statistics.fmean(b for b, _ in costs), statistics.fmean(f for _, f in costs), bound
 
 
 def interleaved(timed: dict, rounds: int) -> dict:
@@ -341,11 +344,10 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1)
                 print(f"  config failed: {type(e).__name__}: {str(e)[:120]}")
             runs.append((cfg, block_m, fns, err))
         timed = interleaved({i: run[2] for i, run in enumerate(runs) if run[2] is not None}, repeat)
+        nbytes, flops, _ = mean_cost(op, mask, m)
         for i, (cfg, block_m, _fns, err) in enumerate(runs):
             samples = timed.get(i, [])
             t = statistics.median(samples) if samples else float("nan")
-            nbytes, flops = statistics.fmean(cost(op, d, m)[0] for d in mask), statistics.fmean(cost(op, d, m)[1]
-                                                                                                for d in mask)
             row = dict(op=op, M=m, mask=mname, config=cfg, block_m=block_m, us=t, dense_us=dense, rel_err=err,
                        bytes=nbytes, flops=flops, draws=len(mask))
             if repeat > 1:
