@@ -35,11 +35,16 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def use_pdl(device: torch.device) -> bool:
-    """Whether launches on ``device`` use programmatic dependent launch (``WIDE_PDL=1``, CUDA sm_90+)."""
-    if os.environ.get(ENV, "0") != "1" or device.type != "cuda" or interpreting():
+def _pdl_capable(device: torch.device) -> bool:
+    """Whether ``device`` can launch dependents programmatically (CUDA sm_90+, not under the interpreter)."""
+    if device.type != "cuda" or interpreting():
         return False
     return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether launches on ``device`` use programmatic dependent launch (``WIDE_PDL=1``, CUDA sm_90+)."""
+    return os.environ.get(ENV, "0") == "1" and _pdl_capable(device)
 
 
 def pdl_launch(device: torch.device) -> dict:
@@ -52,8 +57,6 @@ def paired_pdl_launch(device: torch.device) -> tuple[dict, dict]:
     its reduction), with programmatic dependent launch between the two whatever ``WIDE_PDL`` says (sm_90+): the
     second may start while the first's last programs run. The first waits for its own predecessor only with
     ``WIDE_PDL=1`` (its ``gdc_wait`` returns at once when it was not launched as a dependent)."""
-    if device.type != "cuda" or interpreting():
-        return {"USE_GDC": False}, {"USE_GDC": False}
-    if _capability(device.index if device.index is not None else torch.cuda.current_device())[0] < 9:
+    if not _pdl_capable(device):
         return {"USE_GDC": False}, {"USE_GDC": False}
     return {"USE_GDC": True, "launch_pdl": use_pdl(device)}, {"USE_GDC": True, "launch_pdl": True}
