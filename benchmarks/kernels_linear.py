@@ -36,22 +36,17 @@ from triton.testing import do_bench
 
 from wide_compile.templates import build_group_plan, gated_up_groups, input_group_linear, output_group_linear
 from wide_compile.templates.group_linear import GEMV_MAX_TOKENS
-from kernels_linear_ops import MASKS, MS, OPS  # noqa: E402  (benchmarks/ is the script's directory)
+from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's directory)
+    MASKS, MS, OPS, TRAINED, TRAINED_MASKS, make_mask, mask_family,
+)
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
-    gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_split_sweeps, moderate_gemv_sweeps,
-    moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
+    gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_split_sweeps,
+    moderate_gemv_sweeps, moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, rows_gemv_sweeps,
+    small_k_decode_sweeps, tma_sweeps,
 )
 
 DT = torch.bfloat16
-
-
-def make_mask(name: str, m: int, g: int, gen: torch.Generator) -> torch.Tensor:
-    p = MASKS[name]
-    if p is not None:
-        return torch.rand(m, g, generator=gen, device="cuda") < p
-    patterns = torch.rand(8, g, generator=gen, device="cuda") < 0.5
-    return patterns[torch.randint(0, 8, (m,), generator=gen, device="cuda")]
 
 
 def bench_graph(fns: list, reps: int = 25) -> float:
@@ -277,7 +272,7 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
     rows = []
     ops = args.ops.split(",")
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
-    masks = args.masks.split(",") if args.masks else list(MASKS)
+    masks = args.masks.split(",") if args.masks else list(MASKS) + ([TRAINED] if os.path.exists(TRAINED_MASKS) else [])
     for op in ops:
         for m in ms:
             if m < OPS[op].get("min_m", 0):
@@ -285,7 +280,8 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
             copies = max(rotations_for(op, m), DECODE_DRAWS if m <= 16 else 0)
             case = Case(op, m, copies, gen)
             g = OPS[op]["N"] // OPS[op]["gs"] if OPS[op]["kind"] in ("gated", "output", "ffn") else OPS[op]["K"] // OPS[op]["gs"]
-            mask_list = [(mname, [make_mask(mname, m, g, gen) for _ in range(copies)]) for mname in masks]
+            mask_list = [(mname, [make_mask(mname, m, g, gen, mask_family(op)) for _ in range(copies)])
+                         for mname in masks]
             timed = {"dense": case.dense_fns(half=False, act=False), "half": case.dense_fns(half=True, act=False)}
             if op == "gate_up":
                 timed["dense_act"] = case.dense_fns(half=False, act=True)
@@ -329,7 +325,7 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1)
         case = Case(op, m, copies, gen)
         kind = OPS[op]["kind"]
         g = OPS[op]["N"] // OPS[op]["gs"] if kind in ("gated", "output") else OPS[op]["K"] // OPS[op]["gs"]
-        mask = [make_mask(mname, m, g, gen) for _ in range(copies)]  # a draw per copy, as in the main table
+        mask = [make_mask(mname, m, g, gen, mask_family(op)) for _ in range(copies)]  # a draw per copy, as the table
         dense = bench_graph(case.dense_fns(half=False, act=False))
         expected = case.ours_fns(mask)[0]().float()  # the default configuration's result: each config must match it
         runs = []
@@ -362,14 +358,18 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1)
 
 
 def targets(rows: list) -> list:
+    """Issue 4's linear targets: 50% random masks at every token count, trained routers' masks at 2-256 tokens."""
     res = []
     for r in rows:
-        if r["mask"] != "rand50" or r["op"] not in ("gate_up", "down", "q_proj", "o_proj"):
+        if r["op"] not in ("gate_up", "down", "q_proj", "o_proj"):
+            continue
+        if not (r["mask"] == "rand50" or (r["mask"] == TRAINED and 2 <= r["M"] <= 256)):
             continue
         if r["M"] == 1:
             res.append((r["op"], 1, "speedup>=1.9", r["speedup"], r["speedup"] >= 1.9))
         elif 2 <= r["M"] <= 256:
-            res.append((r["op"], r["M"], "frac_bound>=0.9", r["frac_bound"], r["frac_bound"] >= 0.9))
+            res.append((r["op"], r["M"], "frac_bound>=0.9" + (" (trained)" if r["mask"] == TRAINED else ""),
+                        r["frac_bound"], r["frac_bound"] >= 0.9))
         elif r["M"] >= 4096:
             res.append((r["op"], r["M"], "speedup>=1.85", r["speedup"], r["speedup"] >= 1.85))
     return res

@@ -14,8 +14,8 @@ on the H200, cuBLAS's GEMV on the same bytes 7.7 / 9.5 / 13.5).
 - Input groups (:func:`input_rows_gemv`): the program's loads of ``W`` and ``x`` are predicated on the token's group
   of each column, so inactive groups' bytes are never fetched and ``x`` needs no pre-masking.
 
-Only one token (``M == 1``); ``gemv_decode`` takes the output-group kernel by default on weights of at most
-``MAX_WEIGHT_BYTES`` (:func:`applies`); the input-group kernel runs when a config asks for it (``ROWS``).
+Only one token (``M == 1``); ``gemv_decode`` takes both kernels by default on weights of at most ``MAX_WEIGHT_BYTES``
+(:func:`applies`); a config's ``ROWS`` forces them (or, 0, not).
 """
 from __future__ import annotations
 
@@ -143,19 +143,18 @@ def rows_config(config: dict | None, rows: int, warps: int) -> tuple[int, int]:
 
 def applies(num_tokens: int, weight_bytes: int, group_size: int, config: dict | None, output: bool = True) -> bool:
     """Whether a GEMV call takes the row-streaming kernels: ``config["ROWS"]`` > 0 forces them (0: never; a config
-    without ``ROWS`` keeps ``gemv_decode``'s kernels), else, for output groups only, one token on a weight of at most
-    ``MAX_WEIGHT_BYTES`` (not under the interpreter by default: the tests force it). The input-group kernel is not a
-    default yet: in the 8B model's decode step it took 12.3 µs per output projection against about 7.8 on the split-K
-    GEMV, because it read the model's bf16 masks as floats (alone with bf16 masks 13.05 µs; read as integers since stop
-    30, :func:`integer_mask`, 7.32 against the split-K GEMV's 8.33). The decode step has not been re-timed with it."""
+    without ``ROWS`` keeps ``gemv_decode``'s kernels), else one token on a weight of at most ``MAX_WEIGHT_BYTES`` (not
+    under the interpreter by default: the tests force it). For input groups (the output projection) this is the
+    default since stop 31; before stop 30's :func:`integer_mask` the kernel read the model's bf16 masks as floats and
+    took 12.3 µs per 8B output projection in the decode step against about 7.8 on the split-K GEMV."""
     forced = (config or {}).get("ROWS")
     if config and forced is None:  # a configuration of gemv_decode's kernels (benchmark sweeps): theirs
         return False
     if forced is not None:
         # an output-group program's rows must lie in one group; input-group rows are output rows, any count works
         return int(forced) > 0 and num_tokens == 1 and (not output or group_size % int(forced) == 0)
-    return (output and num_tokens == 1 and weight_bytes <= MAX_WEIGHT_BYTES and not interpreting()
-            and group_size % OUTPUT_ROWS == 0)
+    return (num_tokens == 1 and weight_bytes <= MAX_WEIGHT_BYTES and not interpreting()
+            and (not output or group_size % OUTPUT_ROWS == 0))
 
 
 def dense_sibling_args(dense: tuple, weight, bias, y, x) -> list:

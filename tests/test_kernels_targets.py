@@ -67,3 +67,14 @@ def test_render_counts_met_targets_and_names_its_sources():
     assert "`python3 benchmarks/kernels_linear.py --out X`" in text
     assert "| linear | down, 8 tokens | fraction of bound >= 0.9 | 81% | NO | union cuBLAS at 85% of the bound | no |" in text
     assert "| attention | decode, B = 16, S = 4096 | speed-up >= 1.8 | 1.79x | NO |" in text
+
+
+def test_trained_router_rows_are_targets_only_at_2_to_256_tokens():
+    def trained(op, m, ours, bound):
+        return dict(_linear_row(op, m, ours, 32.6, bound, mask="trained"), active_frac=0.48, union_frac=0.7)
+
+    linear = {"meta": LINEAR["meta"], "rows": [trained("down", 8, 30.0, 28.0), trained("down", 1, 20.0, 15.0),
+                                               trained("down", 4096, 900.0, 400.0)]}
+    rows = linear_targets(linear)
+    assert [r["name"] for r in rows] == ["down, 8 tokens, trained routers (52% skipped, union 70%)"]
+    assert rows[0]["met"] and abs(rows[0]["value"] - 28.0 / 30.0) < 1e-9

@@ -691,8 +691,8 @@ def test_input_row_gemv_reads_float_masks_through_their_bits(k, mask_dtype):
 
 
 def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
-    """The default takes the output-group row kernel for one token on weights of at most 48 MiB (the 8B query
-    projection with its key and value siblings); a ``ROWS`` config forces the row kernels or (0) not, any other config
+    """The default takes the row kernels for one token on weights of at most 48 MiB (the 8B query projection with its
+    key and value siblings, and the output projection); a ``ROWS`` config forces them or (0) not, any other config
     keeps the MMA GEMVs."""
     rows = k["gemv_rows"]
     assert not rows.applies(1, 32 << 20, 512, None)  # interpreter: not by default
@@ -703,7 +703,9 @@ def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
     assert not rows.applies(1, 32 << 20, 512, dict(BLOCK_N=32))
     assert not rows.applies(1, 32 << 20, 512, dict(ROWS=0))
     assert rows.applies(1, 117 << 20, 128, dict(ROWS=2))
-    assert not rows.applies(1, 32 << 20, 512, None, output=False)  # input groups: only when asked for (not yet
-    assert rows.applies(1, 32 << 20, 512, dict(ROWS=2), output=False)  # re-timed in the model since stop 30's fix)
+    assert rows.applies(1, 32 << 20, 512, None, output=False)  # input groups (the output projection) too
+    assert not rows.applies(1, 117 << 20, 128, None, output=False)  # not the down projection
+    assert not rows.applies(2, 32 << 20, 512, None, output=False)
+    assert rows.applies(1, 32 << 20, 512, dict(ROWS=2), output=False)
     assert not rows.applies(1, 32 << 20, 12, dict(ROWS=8))  # output rows must not straddle groups
     assert rows.applies(1, 32 << 20, 12, dict(ROWS=8), output=False)  # input-group rows are output rows
