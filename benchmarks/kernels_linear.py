@@ -41,7 +41,7 @@ from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's dir
 )
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
-    gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_direct_sweeps, input_split_sweeps,
+    gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_split_sweeps,
     moderate_gemv_sweeps, moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, rows_gemv_sweeps,
     small_k_decode_sweeps, tma_sweeps,
 )
@@ -450,9 +450,6 @@ def main() -> None:
                     "tiles; --ms: token counts (default 4096)")
     ap.add_argument("--sweep-input-split", action="store_true", help="time the input-group GEMV with K split in "
                     "fewer parts at 1-16 tokens instead (kernels_linear_sweep_input_split.json; --ms)")
-    ap.add_argument("--sweep-input-direct", action="store_true", help="time the input-group GEMV's direct loop for "
-                    "batches that use every group (DIRECT_FULL) at 2-16 tokens instead "
-                    "(kernels_linear_sweep_input_direct.json; --ms)")
     ap.add_argument("--sweep-small-k-decode", action="store_true", help="time the q / o projection GEMVs with fewer "
                     "K splits and deeper pipelines at 1-2 tokens, every mask, instead "
                     "(kernels_linear_sweep_small_k_decode.json; --ms)")
@@ -497,7 +494,6 @@ def main() -> None:
               "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),
               "sweep_paired": (with_ms(paired_sweeps), "kernels_linear_sweep_paired.json"),
               "sweep_input_split": (with_ms(input_split_sweeps), "kernels_linear_sweep_input_split.json"),
-              "sweep_input_direct": (with_ms(input_direct_sweeps), "kernels_linear_sweep_input_direct.json"),
               "sweep_small_k_decode": (with_ms(small_k_decode_sweeps), "kernels_linear_sweep_small_k_decode.json"),
               "sweep_rows_gemv": (with_ms(rows_gemv_sweeps), "kernels_linear_sweep_rows_gemv.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}

@@ -265,16 +265,6 @@ def input_split_sweeps(ms: tuple = (1, 2, 8, 16)) -> list:
     return [(op, m, "rand50", configs) for op in ("down", "o_proj") for m in ms]
 
 
-def input_direct_sweeps(ms: tuple = (2, 4, 8, 16)) -> list:
-    """The input-group GEMV at 2-16 tokens with ``DIRECT_FULL`` (stop 31): where the batch uses every group it loops
-    over K directly instead of through the union list, and masks the tokens after each MMA instead of predicating
-    their loads on the group's flags (``kernels_linear_sweep_input_direct.json``)."""
-    g = _input_gemv
-    configs = [g(64, 5, 4)] + [dict(c, DIRECT_FULL=True) for c in (g(64, 5, 4), g(64, 8, 4), g(64, 8, 2), g(32, 8, 2),
-                                                                   g(32, 12, 2))]
-    return [(op, m, "rand50", configs) for op in ("down", "o_proj") for m in ms]
-
-
 def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     """The query projection's output-group GEMV and the output projection's input-group GEMV (K = 4096: 32 MB weights,
     where a launch's fixed time is a large part) with fewer K splits and deeper pipelines than their defaults (8 and 4

@@ -179,7 +179,6 @@ if HAS_TRITON:
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
-        DIRECT_FULL: tl.constexpr,
     ):
         if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
             tl.extra.cuda.gdc_wait()
@@ -213,34 +212,19 @@ if HAS_TRITON:
         w_rows = w_ptr + offs_nc[:, None] * K + offs_k[None, :]
         x_cols = x_ptr + offs_t[None, :] * K + offs_k[:, None]
         acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
-        if DIRECT_FULL and n_groups == G:  # every group in the union: the list is 0..G-1, no indirection
-            for j in range(j_start, j_end):
-                k0 = j * BLOCK_K
-                w = tl.load(w_rows + k0)
+        for j in range(j_start, j_end):
+            g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
+            k0 = g * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
+            w = tl.load(w_rows + k0)
+            if ROW_MASK:  # zero-fill tokens that do not use group g (predicated load)
+                tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
+                xt = tl.load(x_cols + k0, mask=tok_on[None, :], other=0.0)
+            else:
                 xt = tl.load(x_cols + k0, mask=valid_t[None, :], other=0.0)
-                if UPCAST:
-                    w = w.to(tl.float32)
-                    xt = xt.to(tl.float32)
-                if ROW_MASK:  # tokens that do not use the group: their product dropped after the MMA
-                    tok_on = tl.load(mask_ptr + offs_t * G + j // CHUNKS, mask=valid_t, other=0) != 0
-                    part = tl.dot(w, xt, input_precision=DOT_PRECISION)
-                    acc += tl.where(tok_on[None, :], part, 0.0)
-                else:
-                    acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
-        else:
-            for j in range(j_start, j_end):
-                g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
-                k0 = g * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
-                w = tl.load(w_rows + k0)
-                if ROW_MASK:  # zero-fill tokens that do not use group g (predicated load)
-                    tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
-                    xt = tl.load(x_cols + k0, mask=tok_on[None, :], other=0.0)
-                else:
-                    xt = tl.load(x_cols + k0, mask=valid_t[None, :], other=0.0)
-                if UPCAST:
-                    w = w.to(tl.float32)
-                    xt = xt.to(tl.float32)
-                acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+            if UPCAST:
+                w = w.to(tl.float32)
+                xt = xt.to(tl.float32)
+            acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
         finish = True
@@ -473,7 +457,6 @@ def input_groups_gemv(
         BLOCK_K=block_k,
         UPCAST=interpreting(),
         DOT_PRECISION=_dot_precision(x),
-        DIRECT_FULL=bool(cfg.get("DIRECT_FULL", False)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **pdl_launch(x.device),

@@ -483,29 +483,6 @@ def test_decode_input_gemv_builds_its_union_list(k, m, kind):
         assert torch.equal(own, shared)  # same list, same order of the sums
 
 
-@pytest.mark.parametrize("kind", ["all", "random", "clustered"])
-@pytest.mark.parametrize("x_is_masked", [False, True])
-def test_decode_input_gemv_direct_loop_when_every_group_is_used(k, kind, x_is_masked):
-    """``DIRECT_FULL``: when the union holds every group the GEMV loops over K directly (no list lookups) and, for an
-    input that is not pre-masked, drops inactive tokens' products after each MMA instead of zero-filling their loads;
-    unions that miss a group take the listed loop. Both equal the reference, split or not, ragged N, 12 tokens (a
-    random 50% mask over 12 tokens and 9 groups almost always uses every group; the clustered one often does not)."""
-    gen = torch.Generator().manual_seed(hash((kind, x_is_masked)) % 2**31)
-    lin, ref = k["group_linear"], k["ref"]
-    gs, groups, n, m = 32, 9, 40, 12
-    x = torch.randn(m, gs * groups, generator=gen).to(torch.float16)
-    w = (torch.randn(n, gs * groups, generator=gen) / 20).to(torch.float16)
-    mask = _mask(kind, m, groups, gen)
-    if x_is_masked:
-        x = x * mask.bool().repeat_interleave(gs, dim=1).to(x.dtype)
-    expected = ref.input_group_linear_reference(x, w, mask, gs)
-    for split in (1, 3):
-        cfg = {"SPLIT": split, "DIRECT_FULL": True, "BLOCK_K": 16}
-        y = lin.input_group_linear(x, w, mask, gs, path="gemv", config=cfg, out=_poisoned((m, n), x.dtype),
-                                   x_is_masked=x_is_masked)
-        _check(y, expected, x.dtype)
-
-
 def test_split_kernels_leave_the_shared_arrival_counters_at_zero(k):
     """Split-K GEMVs take their counters from ``arrival_counters`` (no memset per call): one zeroed buffer reused by
     every launch, left at zero by each, grown (never shrunk) on demand; repeated calls stay correct."""
