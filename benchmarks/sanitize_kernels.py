@@ -102,6 +102,9 @@ def linear_cases(gen, tokens_list) -> list[bool]:
                           input_group_linear_reference(h, w_in, mask, big)))
         out.append(_close("input_group_linear M=1, 2100 rows (row kernel)", input_group_linear(h, w_in, mask, big),
                           input_group_linear_reference(h, w_in, mask, big)))
+        fmask = mask.to(torch.bfloat16)  # the routers' masks: bf16 0 / 1, read by the row kernel as int16 bits
+        out.append(_close("input_group_linear M=1, 2100 rows (row kernel, bf16 mask)",
+                          input_group_linear(h, w_in, fmask, big), input_group_linear_reference(h, w_in, fmask, big)))
     return out
 
 

@@ -394,7 +394,8 @@ def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_di
     projection (112 groups of 128): on masks with exactly 14 / 28 / 56 / 84 / 112 active groups 8.2 / 12.3 / 20.2 /
     27.7 / 34.9 µs against 9.9 / 13.5 / 21.2 / 28.2 / 34.9 with 4 splits (``gemv_fixed_cost.json``: the fixed cost
     falls from 6.4 to 4.7 µs). At two tokens the split stays (30.8 against 28.3 unsplit,
-    ``kernels_linear_sweep_input_split.json``)."""
+    ``kernels_linear_sweep_input_split.json``). Since stop 31 one token on a weight of at most 48 MiB (the output
+    projection) takes ``gemv_rows.input_rows_gemv`` instead, unless a config says otherwise (``ROWS=0``)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
                     num_stages=1)
