@@ -77,8 +77,6 @@ if HAS_TRITON:
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
-        ACTIVE_FIRST: tl.constexpr = False,
-        BLOCK_G: tl.constexpr = 16,
     ):
         if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
             tl.extra.cuda.gdc_wait()
@@ -105,24 +103,11 @@ if HAS_TRITON:
                 y_ptrs = yd1_ptr + offs_t[None, :] * ND + offs_n[:, None]
         else:
             g = tile // TILES_PER_GROUP
-            if ACTIVE_FIRST:  # the g-th used group (any token), then the unused ones: used tiles start in wave one
-                offs_g = tl.arange(0, BLOCK_G)
-                valid_g = offs_g < G
-                flags = tl.load(mask_ptr + offs_t[:, None] * G + offs_g[None, :],
-                                mask=valid_t[:, None] & valid_g[None, :], other=0) != 0
-                used = tl.max(flags.to(tl.int32), axis=0)
-                unused = tl.where(valid_g, 1 - used, 0)
-                n_used = tl.sum(used, 0)
-                g_used = tl.sum((tl.cumsum(used, 0) <= g).to(tl.int32), 0)
-                g_unused = tl.sum((tl.cumsum(unused, 0) <= g - n_used).to(tl.int32), 0)
-                g = tl.where(g < n_used, g_used, g_unused)
-                tok_on = tl.max(tl.where(offs_g[None, :] == g, flags.to(tl.int32), 0), axis=1) > 0
-            else:
-                tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
             offs_gn = (tile % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
             valid_n = offs_gn < GROUP_SIZE
             offs_n = g * GROUP_SIZE + offs_gn
             offs_nc = g * GROUP_SIZE + tl.minimum(offs_gn, GROUP_SIZE - 1)  # clamped: loads need no mask
+            tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
             w_base = w_ptr
             b_base = b_ptr
             y_ptrs = y_ptr + offs_t[None, :] * N + offs_n[:, None]
@@ -385,8 +370,6 @@ def output_groups_gemv(
         EVEN_K=k_dim % (block_k * split) == 0,
         UPCAST=interpreting(),
         DOT_PRECISION=_dot_precision(x),
-        ACTIVE_FIRST=bool(cfg.get("ACTIVE_FIRST", False)),
-        BLOCK_G=max(16, next_pow2(n_dim // group_size)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **pdl_launch(x.device),

@@ -483,27 +483,6 @@ def test_decode_input_gemv_builds_its_union_list(k, m, kind):
         assert torch.equal(own, shared)  # same list, same order of the sums
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])
-@pytest.mark.parametrize("kind", MASKS)
-def test_decode_output_gemv_active_groups_first(k, m, kind):
-    """``ACTIVE_FIRST``: program t takes the t-th group some token uses (then the unused ones), so that the used groups'
-    tiles start in the first wave; the fused gate/up and the plain GEMV (split K or not) equal their references, unused
-    groups exactly 0 (21 groups: the rank scan spans a padded 32-wide row)."""
-    gen = torch.Generator().manual_seed(hash((m, kind, "first")) % 2**31)
-    lin, ref = k["group_linear"], k["ref"]
-    gs, groups, kd = 16, 21, 80
-    x = torch.randn(m, kd, generator=gen).to(torch.float16)
-    wg, wu = ((torch.randn(gs * groups, kd, generator=gen) / 9).to(torch.float16) for _ in range(2))
-    mask = _mask(kind, m, groups, gen)
-    cfg = {"ACTIVE_FIRST": True, "BLOCK_N": 16}
-    h = lin.gated_up_groups(x, wg, wu, mask, gs, path="gemv", config=cfg, out=_poisoned((m, gs * groups), x.dtype))
-    _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs), x.dtype, mask, gs)
-    for split in (1, 2):
-        y = lin.output_group_linear(x, wg, mask, gs, path="gemv", config=dict(cfg, SPLIT=split),
-                                    out=_poisoned((m, gs * groups), x.dtype))
-        _check(y, ref.output_group_linear_reference(x, wg, mask, gs), x.dtype, mask, gs)
-
-
 def test_split_kernels_leave_the_shared_arrival_counters_at_zero(k):
     """Split-K GEMVs take their counters from ``arrival_counters`` (no memset per call): one zeroed buffer reused by
     every launch, left at zero by each, grown (never shrunk) on demand; repeated calls stay correct."""
