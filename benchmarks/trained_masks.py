@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 
@@ -52,7 +53,7 @@ def main() -> None:
     ids = tok(wikitext2_test_text(), return_tensors="pt").input_ids[0]
     masks = record(model, ids, args.windows, args.seq_len)
     meta = dict(model=args.model, training=args.training, text="WikiText-2 test, first windows",
-                windows=args.windows, seq_len=args.seq_len, command="python3 " + " ".join(sys.argv),
+                windows=args.windows, seq_len=args.seq_len, command=shlex.join(["python3", *sys.argv]),
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), torch=torch.__version__,
                 skip_rate={kind: float(1 - m.mean()) for kind, m in masks.items()},
                 shapes={kind: list(m.shape) for kind, m in masks.items()})
