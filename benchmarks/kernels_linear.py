@@ -237,7 +237,9 @@ def _silu_mul(gu: torch.Tensor) -> torch.Tensor:
 # Main table: each rotation copy gets its own mask draw, and up to 16 tokens at least this many copies. With few
 # tokens one draw decides the bytes (a token's active count among 8 query / output groups is Binomial(8, p): one
 # 50% draw may use 2 groups, another 6), so a row reports the mean over draws, as a decode step sees many tokens.
-DECODE_DRAWS = 8
+# 32 since stop 31: with 8 the mean active count of an 8-group op still varied by +-6% between runs (the o_proj row at
+# one token read a 9.4 µs union in stop 31's first table against 7.0 in stop 30's, on other draws).
+DECODE_DRAWS = 32
 
 
 def rotations_for(op: str, m: int) -> int:
