@@ -78,3 +78,12 @@ def test_trained_router_rows_are_targets_only_at_2_to_256_tokens():
     rows = linear_targets(linear)
     assert [r["name"] for r in rows] == ["down, 8 tokens, trained routers (52% skipped, union 70%)"]
     assert rows[0]["met"] and abs(rows[0]["value"] - 28.0 / 30.0) < 1e-9
+
+
+def test_values_keep_enough_digits_to_show_a_miss():
+    linear = {"meta": LINEAR["meta"], "rows": [_linear_row("gate_up", 64, 62.0, 63.7, 55.5),     # 89.5%
+                                               _linear_row("q_proj", 1, 6.93, 13.2, 4.0)]}    # 1.9048x: met
+    attention = {"ceilings": {"read_TBps": 4.4}, "rows": [
+        _attention_row("decode", 16, 4096, 0.5, 0.04035, 0.07258, 0.030)]}                   # 1.7987x
+    text = render(linear, attention)
+    assert "| 89.5% | NO |" in text and "| 1.90x | yes |" in text and "| 1.799x | NO |" in text
