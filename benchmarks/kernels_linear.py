@@ -10,7 +10,7 @@ sparsity, and "pattern50": each token takes one of 8 random patterns with 50% of
 
 Timing: each measured callable runs R rotation copies (distinct weights and inputs, so L2 cannot hold
 them) inside one CUDA graph, median replay time divided by R. Each copy has its own mask draw (at least
-``DECODE_DRAWS`` copies up to 16 tokens), so a row is the mean over R draws, not one draw's luck. Ceilings
+``DECODE_DRAWS`` copies up to 16 tokens, ``MODERATE_DRAWS`` up to 256), so a row is the mean over R draws. Ceilings
 measured in the same run: device-to-device copy (bytes read + written) and a
 8192^3 bf16 matmul on random data. Bound per case: max(bytes / copy BW, flops / matmul rate) with bytes =
 weights of groups active for any token + activations read/written, flops = 2 * active (token, group) pairs
@@ -240,6 +240,15 @@ def _silu_mul(gu: torch.Tensor) -> torch.Tensor:
 # 32 since stop 31: with 8 the mean active count of an 8-group op still varied by +-6% between runs (the o_proj row at
 # one token read a 9.4 µs union in stop 31's first table against 7.0 in stop 30's, on other draws).
 DECODE_DRAWS = 32
+# 17-256 tokens: at least this many copies too. Random masks' unions are the whole weight there, but each draw of the
+# trained routers' masks takes its own layers, whose skip rates differ (stop 31's first table: 2 draws per 64-token
+# gate/up row, 65% skipped).
+MODERATE_DRAWS = 8
+
+
+def draws_for(op: str, m: int) -> int:
+    """Rotation copies of an (op, M) case, each on its own mask draw."""
+    return max(rotations_for(op, m), DECODE_DRAWS if m <= 16 else MODERATE_DRAWS if m <= 256 else 0)
 
 
 def rotations_for(op: str, m: int) -> int:
@@ -279,7 +288,7 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
         for m in ms:
             if m < OPS[op].get("min_m", 0):
                 continue
-            copies = max(rotations_for(op, m), DECODE_DRAWS if m <= 16 else 0)
+            copies = draws_for(op, m)
             case = Case(op, m, copies, gen)
             g = OPS[op]["N"] // OPS[op]["gs"] if OPS[op]["kind"] in ("gated", "output", "ffn") else OPS[op]["K"] // OPS[op]["gs"]
             mask_list = [(mname, [make_mask(mname, m, g, gen, mask_family(op)) for _ in range(copies)])
@@ -323,7 +332,7 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1)
     does not favour one configuration (between two single timings the same configuration moved by up to 16%)."""
     out = []
     for op, m, mname, configs in SWEEPS if sweeps is None else sweeps:
-        copies = max(rotations_for(op, m), DECODE_DRAWS if m <= 16 else 0)
+        copies = draws_for(op, m)
         case = Case(op, m, copies, gen)
         kind = OPS[op]["kind"]
         g = OPS[op]["N"] // OPS[op]["gs"] if kind in ("gated", "output") else OPS[op]["K"] // OPS[op]["gs"]
@@ -387,7 +396,8 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              f"bf16 matmul {meta['ceilings']['bf16_mm_TFLOPs']:.0f} TFLOP/s (8192^3, random).", "",
              "Times in µs: median of 25 CUDA-graph replays timed with CUDA events, each replay running the op on R "
              "rotated weight/input copies (R x weight bytes >= 180 MB = 3 x L2, no explicit flush), divided by R; "
-             f"each copy has its own mask draw (at least {DECODE_DRAWS} copies up to 16 tokens), so every value is "
+             f"each copy has its own mask draw (at least {DECODE_DRAWS} copies up to 16 tokens, {MODERATE_DRAWS} up to "
+             "256), so every value is "
              "the mean over R draws (bound and union included); "
              "ours includes building the plan its path needs (none for the GEMVs, as in the model). Dense, half "
              "and ours of one (op, M) are timed in "
