@@ -1,12 +1,14 @@
 """Benchmark of the group-skipping linear kernels on Llama-3-8B shapes vs cuBLAS (dense and half width).
 
-    python3 benchmarks/kernels_linear.py --out DIR [--sweep] [--quick]
+    python3 benchmarks/kernels_linear.py --out DIR [--rounds N] [--ops ...] [--ms ...] [--masks ...] [--sweep-* --no-main]
 
 Ops (bf16): gate_up (4096 -> 2 x 14336, fused gated_up_groups, groups of 128), down (14336 -> 4096,
 input groups of 128), q_proj (4096 -> 4096, output groups of 512 = 4 heads x 128), o_proj (input groups
 of 512), and ffn = plan + gate_up + down sharing one plan. Masks: i.i.d. random per token at 25 / 50 / 70%
-sparsity, and "pattern50": each token takes one of 8 random patterns with 50% of groups active
-(correlated, router-like). Every timing of ours includes building the plan it needs.
+sparsity, "pattern50": each token takes one of 8 random patterns with 50% of groups active (correlated,
+router-like), and "trained": decisions of trained routers (results/trained_masks_smollm2.npz, laid out at these
+group counts by kernels_linear_ops.trained_mask; run when that file exists). Every timing of ours includes building
+the plan it needs.
 
 Timing: each measured callable runs R rotation copies (distinct weights and inputs, so L2 cannot hold
 them) inside one CUDA graph, median replay time divided by R. Each copy has its own mask draw (at least
