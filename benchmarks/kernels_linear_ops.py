@@ -41,8 +41,8 @@ def mask_family(op: str) -> str:
 
 def make_mask(name: str, m: int, g: int, gen: torch.Generator, family: str = "mlp",
               device: str = "cuda") -> torch.Tensor:
-    """``[m, g]`` bool mask of kind ``name``: i.i.d. random with ``MASKS[name]`` active, ``pattern50`` (each token one of
-    8 random patterns of 50%), or ``trained`` (:func:`trained_mask` of ``family``)."""
+    """``[m, g]`` bool mask of kind ``name``: i.i.d. random with ``MASKS[name]`` active, ``pattern50`` (each token one
+    of 8 random patterns of 50%), or ``trained`` (:func:`trained_mask` of ``family``)."""
     if name == TRAINED:
         return trained_mask(m, g, gen, family, device=device)
     p = MASKS[name]
@@ -83,7 +83,8 @@ def trained_mask(m: int, g: int, gen: torch.Generator, family: str, path: str = 
         raise ValueError(f"trained_mask: {g} groups need {span} layers of {per_layer}; the recording has {layers}")
     rows = [(first + i) % layers for i in range(span)]
     if m <= TRAINED_RANDOM_TOKENS:
-        idx = torch.randperm(tokens, generator=pick)[:m] if m <= tokens else torch.randint(0, tokens, (m,), generator=pick)
+        idx = (torch.randperm(tokens, generator=pick)[:m] if m <= tokens
+               else torch.randint(0, tokens, (m,), generator=pick))
     else:
         idx = (int(torch.randint(0, tokens, (1,), generator=pick)) + torch.arange(m)) % tokens
     wide = np.concatenate([rec[r][idx.numpy()] for r in rows], axis=1)[:, :g]

@@ -48,7 +48,8 @@ def test_trained_mask_lays_consecutive_layers_side_by_side(recording, m):
     out = trained_mask(m, g, torch.Generator().manual_seed(3), "mlp", path=path, device="cpu").numpy()
     assert out.shape == (m, g) and out.dtype == bool
     # find the tokens and first layer: the first block must equal rec[first][tokens] for one layer
-    matches = [l for l in range(LAYERS) if all(any((rec[l][t] == row[:12]).all() for t in range(TOKENS)) for row in out)]
+    matches = [layer for layer in range(LAYERS)
+               if all(any((rec[layer][t] == row[:12]).all() for t in range(TOKENS)) for row in out)]
     assert matches, "the first 12 columns are not one recorded layer's decisions"
     first = matches[0]
     tokens = [next(t for t in range(TOKENS) if (rec[first][t] == row[:12]).all()
