@@ -47,6 +47,7 @@ from kernels_linear_sweeps import (  # noqa: E402
     moderate_gemv_sweeps, moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, rows_gemv_sweeps,
     small_k_decode_sweeps, tma_sweeps,
 )
+from kernels_targets import linear_targets  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -371,21 +372,9 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1)
 
 
 def targets(rows: list) -> list:
-    """Issue 4's linear targets: 50% random masks at every token count, trained routers' masks at 2-256 tokens."""
-    res = []
-    for r in rows:
-        if r["op"] not in ("gate_up", "down", "q_proj", "o_proj"):
-            continue
-        if not (r["mask"] == "rand50" or (r["mask"] == TRAINED and 2 <= r["M"] <= 256)):
-            continue
-        if r["M"] == 1:
-            res.append((r["op"], 1, "speedup>=1.9", r["speedup"], r["speedup"] >= 1.9))
-        elif 2 <= r["M"] <= 256:
-            res.append((r["op"], r["M"], "frac_bound>=0.9" + (" (trained)" if r["mask"] == TRAINED else ""),
-                        r["frac_bound"], r["frac_bound"] >= 0.9))
-        elif r["M"] >= 4096:
-            res.append((r["op"], r["M"], "speedup>=1.85", r["speedup"], r["speedup"] >= 1.85))
-    return res
+    """Issue 4's linear targets of this table (``kernels_targets.linear_targets``): (op, M, target, value, met)."""
+    return [(t["op"], t["M"], t["target"] + (" (trained)" if t["mask"] == TRAINED else ""), t["value"], t["met"])
+            for t in linear_targets({"rows": rows})]
 
 
 def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:

@@ -53,7 +53,7 @@ def linear_targets(linear: dict) -> list[dict]:
         name = f"{r['op']}, {m} token{'s' if m > 1 else ''}"
         if trained:
             name += f", trained routers ({1 - r['active_frac']:.0%} skipped, union {r['union_frac']:.0%})"
-        out.append(dict(part="linear", name=name, target=f"{kind} >= {goal}",
+        out.append(dict(part="linear", name=name, target=f"{kind} >= {goal}", op=r["op"], M=m, mask=r["mask"],
                         value=value, met=value >= goal, reference=reference, baseline_reaches=reachable))
     return out
 
