@@ -43,7 +43,7 @@ from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's dir
 )
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
-    gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_split_sweeps,
+    gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_moderate_gemv_sweeps, input_split_sweeps,
     moderate_gemv_sweeps, moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, rows_gemv_sweeps,
     small_k_decode_sweeps, tma_sweeps,
 )
@@ -189,11 +189,12 @@ class Case:
         """Our op on each rotation copy; ``mask``: one mask for every copy, or a list with each copy's draw."""
         kind, gs, fns = self.cfg["kind"], self.cfg["gs"], []
         masks = mask if isinstance(mask, list) else [mask] * len(self.x)
-        decode = self.m <= 16
-        out_path = "auto"
-        if config is not None and kind in ("gated", "output"):  # config["path"]: force the GEMV / GEMM kernel
+        decode = self.m <= GEMV_MAX_TOKENS["input_group_linear"]  # input groups: as "auto", no plan for the GEMV
+        forced = None
+        if config is not None and "path" in config:  # config["path"]: force the GEMV / GEMM / cuBLAS path
             config = dict(config)
-            out_path = config.pop("path", "auto")
+            forced = config.pop("path")
+        out_path = forced or "auto"
         # as in the model: no plan where the op's GEMV runs (it needs none; "auto" takes it up to GEMV_MAX_TOKENS)
         gemv_limit = GEMV_MAX_TOKENS["gated_up_groups" if kind in ("gated", "ffn") else "output_group_linear"]
         no_plan = out_path == "gemv" or (out_path == "auto" and self.m <= gemv_limit)
@@ -215,14 +216,15 @@ class Case:
                 path = self.cfg.get("path", "auto")
 
                 def f(x=x, w=self.w[i], pm=pm, path=path, mask=mask):
-                    if decode:  # as in the model: the GEMV finds the groups itself (no plan launch)
-                        plan = None
-                    elif path == "gemm" or config is not None:
+                    p = forced or ("gemm" if (config is not None and not decode) else path)
+                    if p in ("gemv", "dense") or (p == "auto" and decode):  # as in the model: no plan launch
+                        plan = None  # (the GEMV finds the groups itself; cuBLAS on the masked input needs none)
+                    elif p == "gemm":
                         plan = build_group_plan(mask, parts=("input",), block_m=block_m)
                     else:  # "auto" prefill = cuBLAS on the masked input: no plan
                         plan = None
-                    p = "gemm" if (config is not None and not decode) else path
-                    return input_group_linear(x, w, mask, gs, plan=plan, config=config, x_is_masked=pm, path=p)
+                    return input_group_linear(x, w, mask, gs, plan=plan, config=config or None, x_is_masked=pm,
+                                              path=p)
             else:
                 def f(x=x, wg=self.wg[i], wu=self.wu[i], wd=self.wd[i], mask=mask):
                     plan = None if no_plan else build_group_plan(mask)  # shared by gate/up and down
@@ -395,8 +397,10 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              f"{meta.get('rounds', 1)} interleaved rounds; each value is the median over rounds. "
              "Because of the graph capture, the \"auto\" input-group path never takes the skipping GEMM here "
              "(its choice needs a host sync, skipped while capturing): see the *_gemm rows for that kernel. "
-             "Input-group ops (down, o_proj, *_pm) run the default path: union-reading GEMV for M <= 16 (one launch, "
-             "no plan, as in the model), cuBLAS on the masked input above (*_pm: input already zero outside each "
+             "Input-group ops (down, o_proj, *_pm) run the default path: union-reading GEMV for M <= "
+             f"{GEMV_MAX_TOKENS['input_group_linear']} (one launch, "
+             "no plan, as in the model), cuBLAS on the input masked in one launch above (*_pm: input already zero "
+             "outside each "
              "token's groups, x_is_masked=True); "
              "*_gemm rows force the skipping GEMM kernel. ffn = plan + gate_up + down (auto paths). "
              "dense = cuBLAS F.linear on the full weight (gate_up: one GEMM on [Wg; Wu], no activation); "
@@ -459,6 +463,8 @@ def main() -> None:
     ap.add_argument("--sweep-rows-gemv", action="store_true", help="time the row-streaming one-token GEMVs "
                     "(templates/gemv_rows.py) against the MMA GEMVs instead "
                     "(kernels_linear_sweep_rows_gemv.json; --ms)")
+    ap.add_argument("--sweep-input-moderate", action="store_true", help="time the input-group GEMV against cuBLAS "
+                    "on the masked input at 32-256 tokens (down / o_proj)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -499,6 +505,7 @@ def main() -> None:
               "sweep_input_split": (with_ms(input_split_sweeps), "kernels_linear_sweep_input_split.json"),
               "sweep_small_k_decode": (with_ms(small_k_decode_sweeps), "kernels_linear_sweep_small_k_decode.json"),
               "sweep_rows_gemv": (with_ms(rows_gemv_sweeps), "kernels_linear_sweep_rows_gemv.json"),
+              "sweep_input_moderate": (with_ms(input_moderate_gemv_sweeps), "kernels_linear_sweep_input_moderate.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

@@ -297,3 +297,22 @@ def rows_gemv_sweeps(ms: tuple = (1,)) -> list:
                                                                        "rand70")]
         out.append(("down_pm", m, "rand50", [dict(ROWS=0), dict(ROWS=1, num_warps=8), dict(ROWS=2, num_warps=8)]))
     return out
+
+
+def input_moderate_gemv_sweeps(ms: tuple = (32, 64, 128, 256)) -> list:
+    """The input-group GEMV (down / o_proj, input not masked) above 16 tokens, where "auto" ran cuBLAS on the masked
+    input (``path="dense"``, the first configuration): with i.i.d. masks a few dozen tokens use every group, so both
+    read the whole weight, and the GEMV masks ``x`` in its loads instead of in a separate pass
+    (``kernels_linear_sweep_input_moderate.json``). Stages are cut to what fits in shared memory at each token tile."""
+    def g(block_n: int, stages: int, split: int, m: int) -> dict:
+        block_t = max(16, 1 << (m - 1).bit_length())
+        fit = max(2, (216 * 1024) // ((block_n + block_t) * 128 * 2))
+        return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=min(stages, fit), SPLIT=split)
+
+    out = []
+    for m in ms:
+        configs = [dict(path="dense"), g(64, 5, 4, m), g(64, 4, 2, m), g(64, 3, 8, m), g(32, 5, 4, m), g(32, 6, 2, m),
+                   g(128, 3, 2, m), g(128, 3, 4, m)]
+        for op in ("down", "o_proj"):
+            out += [(op, m, mask, configs) for mask in ("rand50", "trained")]
+    return out

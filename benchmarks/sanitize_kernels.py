@@ -79,7 +79,7 @@ def linear_cases(gen, tokens_list) -> list[bool]:
                                                                             config=tma),
                               gated_up_groups_reference(x, wg, wu, om, gs)))
         h = _randn(m, n, gen=gen)
-        for path in ("auto", "gemm") if m > 16 else ("auto",):
+        for path in ("auto", "gemm", "gemv", "dense") if 16 < m <= 128 else ("auto", "gemm") if m > 16 else ("auto",):
             out.append(_close(f"input_group_linear M={m} path={path}", input_group_linear(h, wd, om, gs, path=path),
                               input_group_linear_reference(h, wd, om, gs)))
     if DEVICE == "cuda":  # the one-token defaults of large projections (gemv_decode's configs, gemv_rows' kernels)
@@ -209,7 +209,7 @@ def main() -> int:
         print("needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1)")
         return 2
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    tokens_list = (1, 70) if args.quick else (1, 5, 16, 70, 300)
+    tokens_list = (1, 70) if args.quick else (1, 5, 16, 24, 70, 300)
     families = {"linear": lambda: linear_cases(gen, tokens_list), "router": lambda: router_cases(gen, tokens_list),
                 "attention": lambda: attention_cases(gen), "shared": lambda: shared_order_cases(gen)}
     results = [ok for name, run in families.items() if args.only in (None, name) for ok in run()]

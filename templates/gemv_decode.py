@@ -1,5 +1,5 @@
-"""GEMVs for few tokens (decode; output groups up to 128 tokens) that read only the weight rows / columns of groups
-active for ANY token, once for all tokens.
+"""GEMVs for few tokens (decode; output groups up to 128 tokens, input groups up to 32) that read only the weight
+rows / columns of groups active for ANY token, once for all tokens.
 
 Both kernels are swap-AB matrix-vector products: a program owns ``BLOCK_N`` weight rows, the weight
 tile is the wide MMA operand ``[BLOCK_N, BLOCK_K]`` (16-byte loads along K, pipelined ``num_stages``
@@ -265,6 +265,13 @@ def _token_tile(num_tokens: int) -> int:
     return max(16, next_pow2(num_tokens))
 
 
+def _pipeline_stages(block_n: int, block_k: int, block_t: int, elem_bytes: int, most: int) -> int:
+    """Stages of a GEMV pipeline holding a ``[block_n, block_k]`` weight tile and a ``[block_k, block_t]`` token tile
+    per stage: ``most``, or as many as fit in 216 KB of shared memory (the H200 has 227 KB per block), at least 2."""
+    per_stage = (block_n + block_t) * block_k * elem_bytes
+    return max(2, min(most, (216 * 1024) // per_stage))
+
+
 def _gated_stages(block_n: int, block_k: int, block_t: int, most: int = 4) -> int:
     """Pipeline stages of the gated GEMV: ``most``, or as many as fit with two weight tiles and the token tile per
     stage in 216 KB of shared memory (the H200 has 227 KB per block), at least 2."""
@@ -381,7 +388,8 @@ SHORT_INPUT_MAX_K = 14336  # one token over at most this many input channels: on
 SHORT_INPUT_MIN_ROWS = 2048  # ... when that still gives 64 programs (measured at 4096 rows only)
 
 
-def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_dim: int = 0) -> dict:
+def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_dim: int = 0,
+                 elem_bytes: int = 2) -> dict:
     """Launch configuration of the input-group GEMV (``num_tokens`` / ``num_groups`` / ``n_dim`` 0: not known, the
     general default).
 
@@ -395,14 +403,17 @@ def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_di
     27.7 / 34.9 µs against 9.9 / 13.5 / 21.2 / 28.2 / 34.9 with 4 splits (``gemv_fixed_cost.json``: the fixed cost
     falls from 6.4 to 4.7 µs). At two tokens the split stays (30.8 against 28.3 unsplit,
     ``kernels_linear_sweep_input_split.json``). Since stop 31 one token on a weight of at most 48 MiB (the output
-    projection) takes ``gemv_rows.input_rows_gemv`` instead, unless a config says otherwise (``ROWS=0``)."""
+    projection) takes ``gemv_rows.input_rows_gemv`` instead, unless a config says otherwise (``ROWS=0``). Above 16
+    tokens the stages are cut to what fits beside the wider token tile; at 32 tokens this default was the fastest of
+    seven (64 / 32 / 128 rows, 2-8 splits; ``kernels_linear_sweep_input_moderate.json``)."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
                     num_stages=1)
     block_k = largest_pow2_divisor(group_size, 128)
     if num_tokens == 1 and 0 < num_groups * group_size <= SHORT_INPUT_MAX_K and n_dim >= SHORT_INPUT_MIN_ROWS:
         return dict(BLOCK_N=32, BLOCK_K=block_k, SPLIT=1, num_warps=4, num_stages=12)
-    return dict(BLOCK_N=64, BLOCK_K=block_k, SPLIT=4, num_warps=4, num_stages=5)
+    stages = _pipeline_stages(64, block_k, _token_tile(num_tokens), elem_bytes, most=5)
+    return dict(BLOCK_N=64, BLOCK_K=block_k, SPLIT=4, num_warps=4, num_stages=stages)
 
 
 def input_groups_gemv(
@@ -417,7 +428,8 @@ def input_groups_gemv(
     config: dict | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``y[M, N] = (x * mask over K) @ W.T + b`` reading only union-active weight columns, M <= 16.
+    """``y[M, N] = (x * mask over K) @ W.T + b`` reading only union-active weight columns (any M; one tile of all
+    tokens, ``group_linear.GEMV_MAX_TOKENS`` says where it is the default).
 
     ``union_groups`` / ``union_count``: a plan's union list (``build_group_plan(..., parts=("union",))``), shared
     with other ops of the same mask; None: every program builds the list from ``mask_rows`` itself (into a per-call
@@ -427,7 +439,7 @@ def input_groups_gemv(
     num_groups = k_dim // group_size
     if gemv_rows.applies(num_tokens, n_dim * k_dim * weight.element_size(), group_size, config, output=False):
         return gemv_rows.input_rows_gemv(x, weight, bias, mask_rows, group_size, config, out)
-    cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim), **(config or {}))
+    cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim, x.element_size()), **(config or {}))
     block_k = cfg["BLOCK_K"]
     if block_k < 16 or group_size % block_k:
         raise ValueError(f"input_group_linear: group_size {group_size} needs a multiple of 16 for the GEMV path")

@@ -7,9 +7,10 @@
 Inputs may carry leading batch dims (``x[..., K]``, ``mask[..., G]``): they are flattened and restored.
 Dtypes: bf16 / fp16 (fp32 accepted; computed with IEEE fp32 dots). Non-contiguous inputs are made
 contiguous. With few tokens the GEMVs run (they read only the weight of groups active for some token of the batch,
-once for all tokens): up to 16 tokens for ``input_group_linear``, 64 for ``gated_up_groups`` and 128 for
+once for all tokens): up to 32 tokens for ``input_group_linear``, 64 for ``gated_up_groups`` and 128 for
 ``output_group_linear`` (``GEMV_MAX_TOKENS``); otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one
-from ``build_group_plan(mask)`` to share it between paired ops; built here when omitted). On CPU
+from ``build_group_plan(mask)`` to share it between paired ops; built here when omitted), or for
+``input_group_linear`` cuBLAS on the masked input. On CPU
 without ``TRITON_INTERPRET=1`` (or without Triton) the PyTorch references run instead.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ from .group_linear_reference import (
     input_group_linear_reference,
     output_group_linear_reference,
 )
-from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_rows
+from .group_plan import GroupPlan, build_group_plan, mask_rows
+from .mask_input import mask_input_groups
 from .rotary_epilogue import check_rotary, epilogue_applies, kernel_tables, rotate_reference
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -35,7 +37,11 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # tokens (kernels_linear_sweep_gated_stages_v1.json, four mask kinds): 32 tokens 59.7-60.6 / 99.0-100.3 / 59.4-59.8,
 # 64 61.7-63.3 / 65.6-65.9 / 63.2-64.0; at 128 tokens the GEMM (68.0-71.1 at 25-70% and clustered masks but 114.5 at
 # 25%) beats the GEMV's 3 stages (76.3-76.7; 4 do not fit).
-GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 64, "input_group_linear": DECODE_MAX_TOKENS}
+# The input-group GEMV (down / output projection, input masked in its loads) against cuBLAS on the input masked by
+# mask_input.py, Llama-3-8B at 50%, random / trained masks, µs (kernels_linear_sweep_input_moderate.json): down 32
+# tokens 34.7 / 34.0 against 36.0 / 35.9, 64 tokens 42.5 / 43.0 against 39.0 / 39.1; output projection 32 tokens
+# 13.5 / 13.1 against 15.9 / 15.8, 64 tokens 15.0 / 14.8 against 14.3 / 14.2.
+GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 64, "input_group_linear": 32}
 _PATHS = ("auto", "gemv", "gemm", "dense")
 
 
@@ -127,7 +133,7 @@ def _finish(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def _use_gemv(path: str, num_tokens: int, max_tokens: int = DECODE_MAX_TOKENS) -> bool:
+def _use_gemv(path: str, num_tokens: int, max_tokens: int) -> bool:
     return path == "gemv" or (path == "auto" and num_tokens <= max_tokens)
 
 
@@ -143,14 +149,6 @@ def _plan_for(plan: GroupPlan | None, mask: torch.Tensor, part: str) -> GroupPla
 # cases tried), so "auto" uses it only then and runs cuBLAS on the masked input otherwise.
 GEMM_MIN_TOKENS = 8192
 GEMM_MAX_TILE_DENSITY = 0.6
-
-
-def _mask_input(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``x`` with each token's inactive groups set to 0 (one broadcast pass, no expanded mask)."""
-    num_tokens, num_groups = m_rows.shape
-    keep = (m_rows != 0).view(num_tokens, num_groups, 1)
-    xg = x2.view(num_tokens, num_groups, group_size)
-    return torch.where(keep, xg, torch.zeros((), dtype=x2.dtype, device=x2.device)).view(num_tokens, -1)
 
 
 def _choose_prefill_input_path(
@@ -289,11 +287,12 @@ def input_group_linear(
     masking of ``x`` (a wrong promise gives wrong results). The kernels need ``group_size`` to be a
     multiple of 16; other group sizes use the reference math.
 
-    ``path``: ``"auto"`` = the union-reading GEMV for <= 16 tokens; above, the skipping GEMM
+    ``path``: ``"auto"`` = the union-reading GEMV up to ``GEMV_MAX_TOKENS[op]`` tokens; above, the skipping GEMM
     (``"gemm"``: per-tile active-group lists, see ``gemm_input_groups``) when at least
     ``GEMM_MIN_TOKENS`` tokens, ``x_is_masked`` and the plan's token tiles use at most
     ``GEMM_MAX_TILE_DENSITY`` of the groups (clustered masks; decided with one host sync, never during
-    CUDA-graph capture), else ``"dense"``: cuBLAS on the masked input. On the H200 the skipping GEMM
+    CUDA-graph capture), else ``"dense"``: cuBLAS on the input masked in one launch (``mask_input``). On the H200
+    the skipping GEMM
     measured slower than cuBLAS everywhere else (benchmarks/results/kernels_linear.md).
     ``"gemv"`` / ``"gemm"`` / ``"dense"`` force a path.
     """
@@ -315,20 +314,20 @@ def input_group_linear(
         return residual if residual is not None else x.new_empty(*lead, n_dim) if out is None else out
     m_rows = mask_rows(mask)
     num_tokens = x2.shape[0]
-    if path == "auto" and num_tokens > DECODE_MAX_TOKENS:
+    if path == "auto" and num_tokens > GEMV_MAX_TOKENS[op]:
         path, plan = _choose_prefill_input_path(plan, mask, num_tokens, x_is_masked)
-    if path == "dense" and residual is not None:  # one GEMM whose epilogue adds the residual (beta = 1)
-        residual.view(-1, n_dim).addmm_(x2 if x_is_masked else _mask_input(x2, m_rows, group_size), weight.t())
-        return residual if bias is None else residual.add_(bias)
     if path == "dense":
-        y = F.linear(x2 if x_is_masked else _mask_input(x2, m_rows, group_size), weight, bias)
-    elif _use_gemv(path, num_tokens):
+        xm = x2 if x_is_masked else mask_input_groups(x2, m_rows, group_size)
+        if residual is not None:  # one GEMM whose epilogue adds the residual (beta = 1)
+            residual.view(-1, n_dim).addmm_(xm, weight.t())
+            return residual if bias is None else residual.add_(bias)
+        y = F.linear(xm, weight, bias)
+    elif _use_gemv(path, num_tokens, GEMV_MAX_TOKENS[op]):
         from .gemv_decode import input_groups_gemv
 
-        union = (None, None)  # no plan given: the GEMV builds the union list itself (no plan launch)
-        if plan is not None:
-            p = _plan_for(plan, mask, "union")
-            union = (p.union_groups, p.union_count)
+        union = (None, None)  # no plan's union list: the GEMV builds it itself (no plan launch)
+        if plan is not None and plan.has("union"):
+            union = (plan.union_groups, plan.union_count)
         y = input_groups_gemv(x2, weight, bias, m_rows, *union, group_size, x_is_masked, config=config, out=out2)
     else:
         from .gemm_input_groups import input_groups_gemm

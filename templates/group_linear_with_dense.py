@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ._triton_utils import can_run_triton
 from .group_linear import _check, _use_gemv, output_group_linear
-from .group_plan import GroupPlan, mask_rows
+from .group_plan import DECODE_MAX_TOKENS, GroupPlan, mask_rows
 from .rotary_epilogue import check_rotary, rotate_reference
 
 MAX_DENSE = 2  # dense linears fused into one launch
@@ -40,7 +40,9 @@ def _check_dense(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torc
 
 
 def _fusable(x2: torch.Tensor, bias, weights, biases, path: str) -> bool:
-    if not weights or len(weights) > MAX_DENSE or not can_run_triton(x2) or not _use_gemv(path, x2.shape[0]):
+    if not weights or len(weights) > MAX_DENSE or not can_run_triton(x2):
+        return False
+    if not _use_gemv(path, x2.shape[0], DECODE_MAX_TOKENS):  # siblings join the GEMV up to a decode step's tokens
         return False
     nd = weights[0].shape[0]
     return all(w.shape[0] == nd and (b is None) == (bias is None) for w, b in zip(weights, biases))

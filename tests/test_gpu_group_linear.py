@@ -86,6 +86,9 @@ def test_llama3_8b_shapes(weights, dtype, m, kind):
                             out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
     _check(yd, ref_d)
     _check(input_group_linear(xd, wt["down"], ffn_mask, FFN_GROUP, plan=plan), ref_d)  # "auto" path
+    _check(input_group_linear(xd, wt["down"], ffn_mask, FFN_GROUP, path="dense"), ref_d)  # masking kernel + cuBLAS
+    if m <= 256:  # the GEMV at any token count it may be forced to (its token tile and stages grow with M)
+        _check(input_group_linear(xd, wt["down"], ffn_mask, FFN_GROUP, path="gemv"), ref_d)
 
     attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
     q = output_group_linear(x, wt["q"], attn_mask, ATTN_GROUP, wt["bias"],
@@ -94,6 +97,27 @@ def test_llama3_8b_shapes(weights, dtype, m, kind):
     o = input_group_linear(x, wt["o"], attn_mask, ATTN_GROUP, path=path,
                            out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
     _check(o, input_group_linear_reference(x, wt["o"], attn_mask, ATTN_GROUP))
+    ref_o = input_group_linear_reference(x, wt["o"], attn_mask, ATTN_GROUP)
+    _check(input_group_linear(x, wt["o"], attn_mask, ATTN_GROUP, path="dense"), ref_o)
+    _check(input_group_linear(x, wt["o"], attn_mask, ATTN_GROUP), ref_o)  # "auto" path
+    if m <= 256:
+        _check(input_group_linear(x, wt["o"], attn_mask, ATTN_GROUP, path="gemv"), ref_o)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("m", "k", "gs"), [(1, INTER, FFN_GROUP), (37, INTER, FFN_GROUP), (300, HIDDEN, ATTN_GROUP),
+                                            (4097, HIDDEN, ATTN_GROUP)])
+def test_mask_input_kernel_on_gpu(m, k, gs, mask_dtype):
+    """The one-launch input masking equals PyTorch's broadcast select bit for bit (bf16 input, every mask dtype)."""
+    from wide_compile.templates.group_plan import mask_rows
+    from wide_compile.templates.mask_input import mask_input_groups, mask_input_groups_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+    rows = mask_rows((torch.rand(m, k // gs, generator=gen, device="cuda") < 0.5).to(mask_dtype))
+    got = mask_input_groups(x, rows, gs)
+    assert torch.equal(got, mask_input_groups_reference(x, rows, gs))
+    assert got.abs().sum() > 0
 
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])

@@ -22,6 +22,7 @@ _KERNEL_MODULES = (
     "wide_compile.templates.gemm_gated_up",
     "wide_compile.templates.gemm_input_groups",
     "wide_compile.templates.gemv_rows",
+    "wide_compile.templates.mask_input",
     "wide_compile.templates.gemv_decode",
     "wide_compile.templates.group_linear",
     "wide_compile.templates.group_linear_with_dense",
@@ -566,7 +567,7 @@ def test_decode_configs_at_one_token(k, monkeypatch):
 
 @pytest.mark.parametrize(("op", "tokens", "gemv"), [
     ("output_group_linear", 128, True), ("output_group_linear", 129, False), ("gated_up_groups", 64, True),
-    ("gated_up_groups", 65, False), ("input_group_linear", 16, True)])
+    ("gated_up_groups", 65, False), ("input_group_linear", 32, True), ("input_group_linear", 33, False)])
 def test_auto_path_takes_the_gemv_up_to_its_token_limit(k, monkeypatch, op, tokens, gemv):
     """"auto" runs the GEMV kernel (one tile of all tokens) up to GEMV_MAX_TOKENS[op], the GEMM above; results match
     the reference either way."""
@@ -709,3 +710,61 @@ def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
     assert rows.applies(1, 32 << 20, 512, dict(ROWS=2), output=False)
     assert not rows.applies(1, 32 << 20, 12, dict(ROWS=8))  # output rows must not straddle groups
     assert rows.applies(1, 32 << 20, 12, dict(ROWS=8), output=False)  # input-group rows are output rows
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize(("m", "d", "gs"), [(1, 64, 32), (7, 4160, 64), (33, 96, 48)])
+def test_mask_input_kernel_matches_the_torch_form(k, dtype, kind, m, d, gs):
+    """``mask_input.mask_input_groups`` (one launch; ragged rows past its 2048-column block, groups that straddle a
+    block) equals the two-kernel PyTorch form bit for bit, on every mask dtype the kernels read (bool as uint8,
+    bf16 / fp32 0 / 1 floats, -0.0 inactive)."""
+    mi = k["mask_input"]
+    gen = torch.Generator().manual_seed(m * 1000 + d)
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    mask = _mask(kind, m, d // gs, gen)
+    if kind == "clustered":
+        mask = torch.where(mask == 0, torch.tensor(-0.0), mask)  # negative zero must read as inactive
+    rows = k["group_plan"].mask_rows(mask)
+    got = mi.mask_input_groups(x, rows, gs)
+    want = mi.mask_input_groups_reference(x, rows, gs)
+    assert got.dtype == x.dtype and torch.equal(got, want)
+    assert torch.equal(got.view(m, -1, gs)[(mask == 0)], torch.zeros_like(got.view(m, -1, gs)[(mask == 0)]))
+    assert torch.equal(got.view(m, -1, gs)[(mask != 0)], x.view(m, -1, gs)[(mask != 0)])
+
+
+def test_mask_input_kernel_rejects_a_mask_of_the_wrong_shape(k):
+    mi = k["mask_input"]
+    with pytest.raises(ValueError, match="do not cover x"):
+        mi.mask_input_groups(torch.randn(3, 64), torch.ones(3, 3, dtype=torch.uint8), 32)
+
+
+@pytest.mark.parametrize("kind", ["all", "none", "random", "random_bf16", "clustered"])
+@pytest.mark.parametrize("m", [17, 40])
+def test_input_gemv_above_sixteen_tokens(k, kind, m):
+    """The input-group GEMV forced at more tokens than a decode step (one token tile of 32 / 64), input masked in
+    its loads or pre-masked, against the reference; the default configuration's stages fit its wider token tile."""
+    gen = torch.Generator().manual_seed(m)
+    dtype, lin, ref, gemv = torch.float16, k["group_linear"], k["ref"], k["gemv_decode"]
+    d, n, gs = 192, 80, 64
+    x = torch.randn(m, d, generator=gen).to(dtype)
+    w = (torch.randn(n, d, generator=gen) / 12).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype)
+    mask = _mask(kind, m, d // gs, gen)
+    want = ref.input_group_linear_reference(x, w, mask, gs, b)
+    y = lin.input_group_linear(x, w, mask, gs, b, path="gemv", out=_poisoned((m, n), dtype))
+    _check(y, want, dtype)
+    xm = x * (mask != 0).repeat_interleave(gs, dim=-1).to(dtype)
+    y = lin.input_group_linear(xm, w, mask, gs, b, path="gemv", x_is_masked=True, out=_poisoned((m, n), dtype))
+    _check(y, want, dtype)
+
+
+def test_input_gemv_stages_fit_the_token_tile(k, monkeypatch):
+    """Above 16 tokens the input-group GEMV's default pipeline is cut to what fits in shared memory: 5 stages of a
+    64-row weight tile and a 16-64-token tile, 4 at 128 tokens, 2 at 256; fp32 halves what fits."""
+    gemv = k["gemv_decode"]
+    monkeypatch.setattr(gemv, "interpreting", lambda: False)
+    stages = {m: gemv.input_config(128, num_tokens=m, num_groups=112, n_dim=4096)["num_stages"]
+              for m in (2, 16, 32, 64, 128, 256)}
+    assert stages == {2: 5, 16: 5, 32: 5, 64: 5, 128: 4, 256: 2}
+    assert gemv.input_config(128, num_tokens=128, num_groups=112, n_dim=4096, elem_bytes=4)["num_stages"] == 2
