@@ -44,8 +44,8 @@ from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's dir
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
     gated_stage_sweeps, gated_wide_k_sweeps, half_tail_sweeps, input_moderate_gemv_sweeps, input_split_sweeps,
-    moderate_gemv_sweeps, moderate_tile_sweeps, paired_sweeps, query_tile_sweeps, rows_gemv_sweeps,
-    small_k_decode_sweeps, tma_sweeps,
+    moderate_gemv_sweeps, moderate_tile_sweeps, output_dense_sweeps, paired_sweeps, query_tile_sweeps,
+    rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
 )
 from kernels_targets import linear_targets  # noqa: E402
 
@@ -197,7 +197,7 @@ class Case:
         out_path = forced or "auto"
         # as in the model: no plan where the op's GEMV runs (it needs none; "auto" takes it up to GEMV_MAX_TOKENS)
         gemv_limit = GEMV_MAX_TOKENS["gated_up_groups" if kind in ("gated", "ffn") else "output_group_linear"]
-        no_plan = out_path == "gemv" or (out_path == "auto" and self.m <= gemv_limit)
+        no_plan = out_path in ("gemv", "dense") or (out_path == "auto" and self.m <= gemv_limit)
         for i in range(len(self.x)):
             x, mask = self.x[i], masks[i]
             if kind == "gated":
@@ -465,6 +465,8 @@ def main() -> None:
                     "(kernels_linear_sweep_rows_gemv.json; --ms)")
     ap.add_argument("--sweep-input-moderate", action="store_true", help="time the input-group GEMV against cuBLAS "
                     "on the masked input at 32-256 tokens (down / o_proj)")
+    ap.add_argument("--sweep-output-dense", action="store_true", help="time the query projection's GEMM against "
+                    "cuBLAS with the inactive outputs zeroed at 256-1024 tokens")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -506,6 +508,7 @@ def main() -> None:
               "sweep_small_k_decode": (with_ms(small_k_decode_sweeps), "kernels_linear_sweep_small_k_decode.json"),
               "sweep_rows_gemv": (with_ms(rows_gemv_sweeps), "kernels_linear_sweep_rows_gemv.json"),
               "sweep_input_moderate": (with_ms(input_moderate_gemv_sweeps), "kernels_linear_sweep_input_moderate.json"),
+              "sweep_output_dense": (with_ms(output_dense_sweeps), "kernels_linear_sweep_output_dense.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

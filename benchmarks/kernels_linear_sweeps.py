@@ -3,7 +3,7 @@ returns ``[(op, tokens, mask, [config, ...]), ...]`` for ``kernels_linear.run_sw
 was committed as. ``SWEEPS`` is the plain ``--sweep`` grid."""
 from __future__ import annotations
 
-from kernels_linear_ops import MASKS, OPS
+from kernels_linear_ops import MASKS, OPS, TRAINED
 
 
 SWEEPS = [
@@ -316,3 +316,10 @@ def input_moderate_gemv_sweeps(ms: tuple = (32, 64, 128, 256)) -> list:
         for op in ("down", "o_proj"):
             out += [(op, m, mask, configs) for mask in ("rand50", "trained")]
     return out
+
+
+def output_dense_sweeps(ms: tuple = (192, 256, 512, 1024)) -> list:
+    """The query projection above the GEMV's 128 tokens: its output-group GEMM over per-group token lists (with the
+    plan that needs) against cuBLAS on the whole weight with the inactive groups' outputs zeroed in one launch
+    (``path="dense"``, ``templates/zero_groups.py``); ``kernels_linear_sweep_output_dense.json``."""
+    return [("q_proj", m, mask, [dict(path="gemm"), dict(path="dense")]) for m in ms for mask in ("rand50", TRAINED)]

@@ -1,5 +1,5 @@
 """Masking an input-group linear's input before cuBLAS: PyTorch's two-kernel ``torch.where`` (the reference, what
-``group_linear`` ran until stop 32) against ``templates/mask_input.py``'s one launch, bf16, 50% random masks, the
+``group_linear`` ran until stop 32) against ``templates/zero_groups.py``'s one launch, bf16, 50% random masks, the
 Llama-3-8B down (112 groups of 128) and output projections (8 groups of 512).
 
     python3 benchmarks/mask_input_probe.py --out-dir $OUT      # -> mask_input_probe.json
@@ -20,7 +20,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels_linear import interleaved  # noqa: E402
-from wide_compile.templates.mask_input import mask_input_groups, mask_input_groups_reference  # noqa: E402
+from wide_compile.templates.zero_groups import zero_inactive_groups, zero_inactive_groups_reference  # noqa: E402
 
 SHAPES = [(m, k, gs) for m in (64, 256, 1024, 4096, 16384) for k, gs in ((14336, 128), (4096, 512))]
 
@@ -37,9 +37,9 @@ def main() -> None:
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(copies)]
         masks = [(torch.rand(m, k // gs, device="cuda", generator=gen) < 0.5).view(torch.uint8) for _ in range(copies)]
         for x, mk in zip(xs, masks):
-            assert torch.equal(mask_input_groups(x, mk, gs), mask_input_groups_reference(x, mk, gs))
-        timed = {"torch_where": [lambda x=x, mk=mk: mask_input_groups_reference(x, mk, gs) for x, mk in zip(xs, masks)],
-                 "triton": [lambda x=x, mk=mk: mask_input_groups(x, mk, gs) for x, mk in zip(xs, masks)]}
+            assert torch.equal(zero_inactive_groups(x, mk, gs), zero_inactive_groups_reference(x, mk, gs))
+        timed = {"torch_where": [lambda x=x, mk=mk: zero_inactive_groups_reference(x, mk, gs) for x, mk in zip(xs, masks)],
+                 "triton": [lambda x=x, mk=mk: zero_inactive_groups(x, mk, gs) for x, mk in zip(xs, masks)]}
         med = {key: statistics.median(v) for key, v in interleaved(timed, args.rounds).items()}
         rows.append(dict(M=m, K=k, group_size=gs, copies=copies, **{f"{key}_us": v for key, v in med.items()}))
         print(f"M={m:6d} K={k:6d} gs={gs:4d}  torch.where {med['torch_where']:8.1f} us  triton {med['triton']:8.1f} us",

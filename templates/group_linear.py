@@ -25,7 +25,7 @@ from .group_linear_reference import (
     output_group_linear_reference,
 )
 from .group_plan import GroupPlan, build_group_plan, mask_rows
-from .mask_input import mask_input_groups
+from .zero_groups import zero_inactive_groups
 from .rotary_epilogue import check_rotary, epilogue_applies, kernel_tables, rotate_reference
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -38,10 +38,13 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # 64 61.7-63.3 / 65.6-65.9 / 63.2-64.0; at 128 tokens the GEMM (68.0-71.1 at 25-70% and clustered masks but 114.5 at
 # 25%) beats the GEMV's 3 stages (76.3-76.7; 4 do not fit).
 # The input-group GEMV (down / output projection, input masked in its loads) against cuBLAS on the input masked by
-# mask_input.py, Llama-3-8B at 50%, random / trained masks, µs (kernels_linear_sweep_input_moderate.json): down 32
+# zero_groups.py, Llama-3-8B at 50%, random / trained masks, µs (kernels_linear_sweep_input_moderate.json): down 32
 # tokens 34.7 / 34.0 against 36.0 / 35.9, 64 tokens 42.5 / 43.0 against 39.0 / 39.1; output projection 32 tokens
 # 13.5 / 13.1 against 15.9 / 15.8, 64 tokens 15.0 / 14.8 against 14.3 / 14.2.
 GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 64, "input_group_linear": 32}
+# Above the GEMV and below this many tokens the output-group op runs cuBLAS on the whole weight and zeroes the inactive
+# groups' outputs: with i.i.d. masks every group is used and the GEMM over per-group token lists computes no less.
+DENSE_OUTPUT_MAX_TOKENS = 128
 _PATHS = ("auto", "gemv", "gemm", "dense")
 
 
@@ -180,8 +183,10 @@ def output_group_linear(
 ) -> torch.Tensor:
     """``y[..., N]``: ``(x @ W.T + b)[m, n]`` if ``mask[m, n // group_size]`` else exactly 0.
 
-    ``path``: ``"auto"`` (GEMV for <= 128 tokens, else GEMM), ``"gemv"`` or ``"gemm"``; ``config``
-    overrides kernel tile sizes (benchmarking). A plan without the needed tables is completed here.
+    ``path``: ``"auto"`` (the GEMV up to ``GEMV_MAX_TOKENS[op]`` tokens, ``"dense"`` up to
+    ``DENSE_OUTPUT_MAX_TOKENS``, the GEMM above), ``"gemv"``, ``"gemm"`` or ``"dense"`` (cuBLAS on the whole
+    weight, then the inactive outputs zeroed: ``zero_groups``); ``config`` overrides kernel tile sizes
+    (benchmarking). A plan without the needed tables is completed here.
     ``rotary``: ``(cos, sin)`` tables ``[B or 1, T, head_dim]`` for ``x[B, T, K]``: ``y`` is returned with HF's rotary
     embedding applied per head (``rotary_epilogue``: inside the GEMM where its tiles allow, else after it).
     """
@@ -200,7 +205,11 @@ def output_group_linear(
     if x2.shape[0] == 0:
         return x.new_empty(*lead, n_dim) if out is None else out
     after = rotary  # rotary tables still to apply once the kernel is done
-    if _use_gemv(path, x2.shape[0], GEMV_MAX_TOKENS[op]):
+    if path == "auto" and GEMV_MAX_TOKENS[op] < x2.shape[0] <= DENSE_OUTPUT_MAX_TOKENS:
+        path = "dense"
+    if path == "dense":  # cuBLAS on the whole weight, then the inactive groups' outputs zeroed in one launch
+        y = zero_inactive_groups(F.linear(x2, weight, bias), mask_rows(mask), group_size)
+    elif _use_gemv(path, x2.shape[0], GEMV_MAX_TOKENS[op]):
         from .gemv_decode import output_groups_gemv
 
         y = output_groups_gemv(x2, weight, bias, mask_rows(mask), group_size, config=config,
@@ -291,7 +300,7 @@ def input_group_linear(
     (``"gemm"``: per-tile active-group lists, see ``gemm_input_groups``) when at least
     ``GEMM_MIN_TOKENS`` tokens, ``x_is_masked`` and the plan's token tiles use at most
     ``GEMM_MAX_TILE_DENSITY`` of the groups (clustered masks; decided with one host sync, never during
-    CUDA-graph capture), else ``"dense"``: cuBLAS on the input masked in one launch (``mask_input``). On the H200
+    CUDA-graph capture), else ``"dense"``: cuBLAS on the input masked in one launch (``zero_groups``). On the H200
     the skipping GEMM
     measured slower than cuBLAS everywhere else (benchmarks/results/kernels_linear.md).
     ``"gemv"`` / ``"gemm"`` / ``"dense"`` force a path.
@@ -317,7 +326,7 @@ def input_group_linear(
     if path == "auto" and num_tokens > GEMV_MAX_TOKENS[op]:
         path, plan = _choose_prefill_input_path(plan, mask, num_tokens, x_is_masked)
     if path == "dense":
-        xm = x2 if x_is_masked else mask_input_groups(x2, m_rows, group_size)
+        xm = x2 if x_is_masked else zero_inactive_groups(x2, m_rows, group_size)
         if residual is not None:  # one GEMM whose epilogue adds the residual (beta = 1)
             residual.view(-1, n_dim).addmm_(xm, weight.t())
             return residual if bias is None else residual.add_(bias)

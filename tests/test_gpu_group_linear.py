@@ -94,6 +94,9 @@ def test_llama3_8b_shapes(weights, dtype, m, kind):
     q = output_group_linear(x, wt["q"], attn_mask, ATTN_GROUP, wt["bias"],
                             out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
     _check(q, output_group_linear_reference(x, wt["q"], attn_mask, ATTN_GROUP, wt["bias"]), attn_mask, ATTN_GROUP)
+    qd = output_group_linear(x, wt["q"], attn_mask, ATTN_GROUP, wt["bias"], path="dense",
+                             out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
+    _check(qd, output_group_linear_reference(x, wt["q"], attn_mask, ATTN_GROUP, wt["bias"]), attn_mask, ATTN_GROUP)
     o = input_group_linear(x, wt["o"], attn_mask, ATTN_GROUP, path=path,
                            out=torch.full((m, HIDDEN), nan, dtype=dtype, device="cuda"))
     _check(o, input_group_linear_reference(x, wt["o"], attn_mask, ATTN_GROUP))
@@ -107,16 +110,16 @@ def test_llama3_8b_shapes(weights, dtype, m, kind):
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("m", "k", "gs"), [(1, INTER, FFN_GROUP), (37, INTER, FFN_GROUP), (300, HIDDEN, ATTN_GROUP),
                                             (4097, HIDDEN, ATTN_GROUP)])
-def test_mask_input_kernel_on_gpu(m, k, gs, mask_dtype):
+def test_zero_groups_kernel_on_gpu(m, k, gs, mask_dtype):
     """The one-launch input masking equals PyTorch's broadcast select bit for bit (bf16 input, every mask dtype)."""
     from wide_compile.templates.group_plan import mask_rows
-    from wide_compile.templates.mask_input import mask_input_groups, mask_input_groups_reference
+    from wide_compile.templates.zero_groups import zero_inactive_groups, zero_inactive_groups_reference
 
     gen = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
     rows = mask_rows((torch.rand(m, k // gs, generator=gen, device="cuda") < 0.5).to(mask_dtype))
-    got = mask_input_groups(x, rows, gs)
-    assert torch.equal(got, mask_input_groups_reference(x, rows, gs))
+    got = zero_inactive_groups(x, rows, gs)
+    assert torch.equal(got, zero_inactive_groups_reference(x, rows, gs))
     assert got.abs().sum() > 0
 
 

@@ -22,7 +22,7 @@ _KERNEL_MODULES = (
     "wide_compile.templates.gemm_gated_up",
     "wide_compile.templates.gemm_input_groups",
     "wide_compile.templates.gemv_rows",
-    "wide_compile.templates.mask_input",
+    "wide_compile.templates.zero_groups",
     "wide_compile.templates.gemv_decode",
     "wide_compile.templates.group_linear",
     "wide_compile.templates.group_linear_with_dense",
@@ -147,6 +147,8 @@ def test_ragged_shapes_and_forced_paths(k, path, activation):
         split_cfg = {"SPLIT": 2} if path == "gemm" else {"SPLIT": 3}
         y = lin.output_group_linear(x, w, mask, gs, b, path=path, out=_poisoned((m, n), dtype),
                                     config=split_cfg if path == "gemv" else None)
+        _check(y, ref.output_group_linear_reference(x, w, mask, gs, b), dtype, mask, gs)
+        y = lin.output_group_linear(x, w, mask, gs, b, path="dense", out=_poisoned((m, n), dtype))
         _check(y, ref.output_group_linear_reference(x, w, mask, gs, b), dtype, mask, gs)
         h = lin.gated_up_groups(x, w, w2, mask, gs, activation, path=path, out=_poisoned((m, n), dtype),
                                 config=split_cfg if path == "gemv" else None)
@@ -715,28 +717,28 @@ def test_row_gemvs_apply_to_one_token_on_small_weights(k, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", MASKS)
 @pytest.mark.parametrize(("m", "d", "gs"), [(1, 64, 32), (7, 4160, 64), (33, 96, 48)])
-def test_mask_input_kernel_matches_the_torch_form(k, dtype, kind, m, d, gs):
-    """``mask_input.mask_input_groups`` (one launch; ragged rows past its 2048-column block, groups that straddle a
+def test_zero_groups_kernel_matches_the_torch_form(k, dtype, kind, m, d, gs):
+    """``zero_groups.zero_inactive_groups`` (one launch; ragged rows past its 2048-column block, groups that straddle a
     block) equals the two-kernel PyTorch form bit for bit, on every mask dtype the kernels read (bool as uint8,
     bf16 / fp32 0 / 1 floats, -0.0 inactive)."""
-    mi = k["mask_input"]
+    mi = k["zero_groups"]
     gen = torch.Generator().manual_seed(m * 1000 + d)
     x = torch.randn(m, d, generator=gen).to(dtype)
     mask = _mask(kind, m, d // gs, gen)
     if kind == "clustered":
         mask = torch.where(mask == 0, torch.tensor(-0.0), mask)  # negative zero must read as inactive
     rows = k["group_plan"].mask_rows(mask)
-    got = mi.mask_input_groups(x, rows, gs)
-    want = mi.mask_input_groups_reference(x, rows, gs)
+    got = mi.zero_inactive_groups(x, rows, gs)
+    want = mi.zero_inactive_groups_reference(x, rows, gs)
     assert got.dtype == x.dtype and torch.equal(got, want)
     assert torch.equal(got.view(m, -1, gs)[(mask == 0)], torch.zeros_like(got.view(m, -1, gs)[(mask == 0)]))
     assert torch.equal(got.view(m, -1, gs)[(mask != 0)], x.view(m, -1, gs)[(mask != 0)])
 
 
-def test_mask_input_kernel_rejects_a_mask_of_the_wrong_shape(k):
-    mi = k["mask_input"]
+def test_zero_groups_kernel_rejects_a_mask_of_the_wrong_shape(k):
+    mi = k["zero_groups"]
     with pytest.raises(ValueError, match="do not cover x"):
-        mi.mask_input_groups(torch.randn(3, 64), torch.ones(3, 3, dtype=torch.uint8), 32)
+        mi.zero_inactive_groups(torch.randn(3, 64), torch.ones(3, 3, dtype=torch.uint8), 32)
 
 
 @pytest.mark.parametrize("kind", ["all", "none", "random", "random_bf16", "clustered"])
@@ -768,3 +770,24 @@ def test_input_gemv_stages_fit_the_token_tile(k, monkeypatch):
               for m in (2, 16, 32, 64, 128, 256)}
     assert stages == {2: 5, 16: 5, 32: 5, 64: 5, 128: 4, 256: 2}
     assert gemv.input_config(128, num_tokens=128, num_groups=112, n_dim=4096, elem_bytes=4)["num_stages"] == 2
+
+
+@pytest.mark.parametrize("kind", ["all", "none", "random", "random_bf16"])
+def test_output_op_takes_cublas_between_the_gemv_and_the_gemm(k, monkeypatch, kind):
+    """"auto" on the output-group op: the GEMV up to GEMV_MAX_TOKENS, cuBLAS with the inactive outputs zeroed up to
+    DENSE_OUTPUT_MAX_TOKENS (set here to 40), the GEMM above; each matches the reference, inactive outputs exactly 0."""
+    lin, ref, gemm = k["group_linear"], k["ref"], k["gemm_output_groups"]
+    monkeypatch.setattr(lin, "GEMV_MAX_TOKENS", dict(lin.GEMV_MAX_TOKENS, output_group_linear=8))
+    monkeypatch.setattr(lin, "DENSE_OUTPUT_MAX_TOKENS", 40)
+    calls = []
+    real = gemm.output_groups_gemm
+    monkeypatch.setattr(gemm, "output_groups_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(5)
+    w, b = torch.randn(96, 64, generator=gen) / 8, torch.randn(96, generator=gen)
+    for tokens, gemm_runs in ((20, False), (40, False), (41, True)):
+        calls.clear()
+        x = torch.randn(tokens, 64, generator=gen)
+        mask = _mask(kind, tokens, 3, gen)
+        got = lin.output_group_linear(x, w, mask, 32, b, out=_poisoned((tokens, 96), torch.float32))
+        _check(got, ref.output_group_linear_reference(x, w, mask, 32, b), torch.float32, mask, 32)
+        assert bool(calls) == gemm_runs

@@ -1,11 +1,13 @@
-"""``x`` with each token's inactive input groups set to 0, in one launch.
+"""``t[M, G * gs]`` with each row's inactive column groups set to 0, in one launch.
 
-An input-group linear whose tokens use nearly every group (many tokens, i.i.d. masks) reads the whole weight anyway,
-so ``group_linear.input_group_linear`` runs it as cuBLAS on the masked input. PyTorch's broadcast
-``torch.where(mask != 0, x, 0)`` takes two kernels (the test, then the select) and reads every byte of ``x``; this
-kernel tests the mask and copies in one pass, and fetches only the active groups' bytes of ``x``.
+Where the tokens of a call use nearly every group (many tokens, i.i.d. masks) the weight is read whole anyway, and
+cuBLAS is the fastest product; the group masks then only zero values:
+- an input-group linear's input before the GEMM (``group_linear.input_group_linear``'s "dense" path);
+- an output-group linear's output after it (``output_group_linear``'s "dense" path: inactive outputs exactly 0).
+PyTorch's broadcast ``torch.where(mask != 0, t, 0)`` takes two kernels (the test, then the select) and reads every
+byte of ``t``; this kernel tests the mask and copies in one pass, and fetches only the active groups' bytes.
 
-Reference: :func:`mask_input_groups_reference` (the two-kernel PyTorch form it replaces).
+Reference: :func:`zero_inactive_groups_reference` (the two-kernel PyTorch form it replaces).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _mask_input_kernel(x_ptr, mask_ptr, y_ptr, K, G,
+    def _zero_groups_kernel(x_ptr, mask_ptr, y_ptr, K, G,
                            GROUP_SIZE: tl.constexpr, MASK_VALUE_BITS: tl.constexpr, BLOCK_K: tl.constexpr):
         """One program per (token, ``BLOCK_K`` columns): ``y = x`` where the column's group is on for the token,
         else 0; ``x`` is not fetched in inactive groups. ``MASK_VALUE_BITS``: as in ``gemv_rows._rows_times_x``."""
@@ -38,7 +40,7 @@ if HAS_TRITON:
 BLOCK_K = 2048  # 4 KB of a bf16 row per program
 
 
-def mask_input_groups_reference(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int) -> torch.Tensor:
+def zero_inactive_groups_reference(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int) -> torch.Tensor:
     """``x2[M, K]`` with ``x2[t, g*gs:(g+1)*gs] = 0`` where ``m_rows[t, g] == 0`` (a broadcast, no expanded mask)."""
     num_tokens, num_groups = m_rows.shape
     keep = (m_rows != 0).view(num_tokens, num_groups, 1)
@@ -46,19 +48,19 @@ def mask_input_groups_reference(x2: torch.Tensor, m_rows: torch.Tensor, group_si
     return torch.where(keep, xg, torch.zeros((), dtype=x2.dtype, device=x2.device)).view(num_tokens, -1)
 
 
-def mask_input_groups(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``x2[M, K]`` (contiguous) with each token's inactive groups (``m_rows[M, G] == 0``, ``K = G * group_size``)
+def zero_inactive_groups(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``x2[M, K]`` (contiguous) with each row's inactive groups (``m_rows[M, G] == 0``, ``K = G * group_size``)
     set to 0: one Triton launch on CUDA; the PyTorch reference elsewhere (and for bf16 under the CPU interpreter,
     whose bf16 is not exact)."""
     num_tokens, k_dim = x2.shape
     if m_rows.shape != (num_tokens, k_dim // group_size) or k_dim % group_size:
-        raise ValueError(f"mask_input_groups: mask rows {tuple(m_rows.shape)} do not cover x {tuple(x2.shape)} in "
+        raise ValueError(f"zero_inactive_groups: mask rows {tuple(m_rows.shape)} do not cover x {tuple(x2.shape)} in "
                          f"groups of {group_size}")
     if not can_run_triton(x2) or (interpreting() and x2.dtype == torch.bfloat16) or num_tokens == 0:
-        return mask_input_groups_reference(x2, m_rows, group_size)
+        return zero_inactive_groups_reference(x2, m_rows, group_size)
     y = torch.empty_like(x2)
     flags, value_bits = integer_mask(m_rows)
-    _mask_input_kernel[(num_tokens, cdiv(k_dim, BLOCK_K))](
+    _zero_groups_kernel[(num_tokens, cdiv(k_dim, BLOCK_K))](
         x2, flags, y, k_dim, m_rows.shape[1], GROUP_SIZE=group_size, MASK_VALUE_BITS=value_bits, BLOCK_K=BLOCK_K,
         num_warps=4,
     )
