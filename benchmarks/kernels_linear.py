@@ -37,7 +37,7 @@ import triton
 from triton.testing import do_bench
 
 from wide_compile.templates import build_group_plan, gated_up_groups, input_group_linear, output_group_linear
-from wide_compile.templates.group_linear import GEMV_MAX_TOKENS
+from wide_compile.templates.group_linear import DENSE_OUTPUT_MAX_TOKENS, GEMV_MAX_TOKENS
 from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's directory)
     MASKS, MS, OPS, TRAINED, TRAINED_MASKS, make_mask, mask_family,
 )
@@ -197,6 +197,8 @@ class Case:
         out_path = forced or "auto"
         # as in the model: no plan where the op's GEMV runs (it needs none; "auto" takes it up to GEMV_MAX_TOKENS)
         gemv_limit = GEMV_MAX_TOKENS["gated_up_groups" if kind in ("gated", "ffn") else "output_group_linear"]
+        if kind == "output":  # "auto" runs cuBLAS up to DENSE_OUTPUT_MAX_TOKENS (no plan either)
+            gemv_limit = max(gemv_limit, DENSE_OUTPUT_MAX_TOKENS)
         no_plan = out_path in ("gemv", "dense") or (out_path == "auto" and self.m <= gemv_limit)
         for i in range(len(self.x)):
             x, mask = self.x[i], masks[i]

@@ -14,8 +14,8 @@ rotation stays where it is (it feeds the KV cache).
 
 Rewritten only where it is the same computation and the GEMM will rotate: the rotated query is HF's formula on
 exactly this projection's output, nothing else reads the unrotated query, nothing needs a gradient, the tables come
-before the projection in the graph, the token count is static and above the query projection's GEMV range
-(``MIN_TOKENS``: decode steps take the GEMV, which would rotate afterwards, gaining nothing), and the head dim and
+before the projection in the graph, the token count is static and above the range where the query projection runs
+a GEMV or cuBLAS (``MIN_TOKENS``: both would rotate afterwards, gaining nothing), and the head dim and
 group size let the epilogue run (``rotary_epilogue.epilogue_applies``; elsewhere Inductor's fused RoPE kernel is
 faster than a rotation after the GEMM). The backend option ``"wide.fuse_query_rope"`` turns it off.
 """
@@ -28,12 +28,12 @@ from torch import fx
 
 import wide_compile.dense_siblings_op  # noqa: F401  (registers wide::output_group_linear_with_dense)
 
-from ..templates.group_linear import GEMV_MAX_TOKENS
+from ..templates.group_linear import DENSE_OUTPUT_MAX_TOKENS
 from ..templates.rotary_epilogue import epilogue_applies
 from .rotary_pattern import match_rotation
 from .torch_patterns import example_value
 
-MIN_TOKENS = GEMV_MAX_TOKENS["output_group_linear"] + 1
+MIN_TOKENS = DENSE_OUTPUT_MAX_TOKENS + 1
 _QKV = torch.ops.wide.output_group_linear_with_dense.default
 _NUM_ARGS = 7  # the op's arguments before the optional tables
 

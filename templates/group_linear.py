@@ -42,9 +42,13 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # tokens 34.7 / 34.0 against 36.0 / 35.9, 64 tokens 42.5 / 43.0 against 39.0 / 39.1; output projection 32 tokens
 # 13.5 / 13.1 against 15.9 / 15.8, 64 tokens 15.0 / 14.8 against 14.3 / 14.2.
 GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 64, "input_group_linear": 32}
-# Above the GEMV and below this many tokens the output-group op runs cuBLAS on the whole weight and zeroes the inactive
-# groups' outputs: with i.i.d. masks every group is used and the GEMM over per-group token lists computes no less.
-DENSE_OUTPUT_MAX_TOKENS = 128
+# Above the GEMV and up to this many tokens the output-group op runs cuBLAS on the whole weight and zeroes the inactive
+# groups' outputs: a few dozen tokens with i.i.d. masks use every group, and the GEMM over per-group token lists pays
+# its plan and tile quantisation. Llama-3-8B query projection at 50%, random / trained masks, µs, GEMM with its plan
+# against cuBLAS + zeroing (kernels_linear_sweep_output_dense.json): 192 tokens 26.4 / 26.4 against 19.4 / 20.2, 256
+# 27.1 / 27.1 against 19.4 / 19.2, 512 37.8 / 37.6 against 26.8 / 26.8, 1024 48.4 / 48.7 against 48.3 / 48.6 (a tie;
+# above it the GEMM skips work: 4096 tokens 1.48x of cuBLAS in results/kernels_linear.md).
+DENSE_OUTPUT_MAX_TOKENS = 512
 _PATHS = ("auto", "gemv", "gemm", "dense")
 
 
