@@ -37,7 +37,9 @@ import triton
 from triton.testing import do_bench
 
 from wide_compile.templates import build_group_plan, gated_up_groups, input_group_linear, output_group_linear
-from wide_compile.templates.group_linear import DENSE_OUTPUT_MAX_TOKENS, GEMV_MAX_TOKENS
+from wide_compile.templates.group_linear import (
+    DENSE_OUTPUT_MAX_TOKENS, GEMV_MAX_TOKENS, MASKED_INPUT_GEMV_MAX_TOKENS,
+)
 from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's directory)
     MASKS, MS, OPS, TRAINED, TRAINED_MASKS, make_mask, mask_family,
 )
@@ -189,7 +191,8 @@ class Case:
         """Our op on each rotation copy; ``mask``: one mask for every copy, or a list with each copy's draw."""
         kind, gs, fns = self.cfg["kind"], self.cfg["gs"], []
         masks = mask if isinstance(mask, list) else [mask] * len(self.x)
-        decode = self.m <= GEMV_MAX_TOKENS["input_group_linear"]  # input groups: as "auto", no plan for the GEMV
+        decode = self.m <= (MASKED_INPUT_GEMV_MAX_TOKENS if self.cfg.get("premasked") else
+                            GEMV_MAX_TOKENS["input_group_linear"])  # input groups: as "auto", no plan for the GEMV
         forced = None
         if config is not None and "path" in config:  # config["path"]: force the GEMV / GEMM / cuBLAS path
             config = dict(config)
@@ -400,7 +403,7 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              "Because of the graph capture, the \"auto\" input-group path never takes the skipping GEMM here "
              "(its choice needs a host sync, skipped while capturing): see the *_gemm rows for that kernel. "
              "Input-group ops (down, o_proj, *_pm) run the default path: union-reading GEMV for M <= "
-             f"{GEMV_MAX_TOKENS['input_group_linear']} (one launch, "
+             f"{GEMV_MAX_TOKENS['input_group_linear']} ({MASKED_INPUT_GEMV_MAX_TOKENS} for *_pm; one launch, "
              "no plan, as in the model), cuBLAS on the input masked in one launch above (*_pm: input already zero "
              "outside each "
              "token's groups, x_is_masked=True); "

@@ -7,7 +7,7 @@
 Inputs may carry leading batch dims (``x[..., K]``, ``mask[..., G]``): they are flattened and restored.
 Dtypes: bf16 / fp16 (fp32 accepted; computed with IEEE fp32 dots). Non-contiguous inputs are made
 contiguous. With few tokens the GEMVs run (they read only the weight of groups active for some token of the batch,
-once for all tokens): up to 32 tokens for ``input_group_linear``, 64 for ``gated_up_groups`` and 128 for
+once for all tokens): up to 32 tokens for ``input_group_linear`` (16 on a pre-masked input), 64 for ``gated_up_groups`` and 128 for
 ``output_group_linear`` (``GEMV_MAX_TOKENS``); otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one
 from ``build_group_plan(mask)`` to share it between paired ops; built here when omitted), or for
 ``input_group_linear`` cuBLAS on the masked input. On CPU
@@ -24,7 +24,7 @@ from .group_linear_reference import (
     input_group_linear_reference,
     output_group_linear_reference,
 )
-from .group_plan import GroupPlan, build_group_plan, mask_rows
+from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_rows
 from .zero_groups import zero_inactive_groups
 from .rotary_epilogue import check_rotary, epilogue_applies, kernel_tables, rotate_reference
 
@@ -41,7 +41,11 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # zero_groups.py, Llama-3-8B at 50%, random / trained masks, µs (kernels_linear_sweep_input_moderate.json): down 32
 # tokens 34.7 / 34.0 against 36.0 / 35.9, 64 tokens 42.5 / 43.0 against 39.0 / 39.1; output projection 32 tokens
 # 13.5 / 13.1 against 15.9 / 15.8, 64 tokens 15.0 / 14.8 against 14.3 / 14.2.
+# An input already zero outside each token's groups (``x_is_masked``, the down projection after gate/up) needs no
+# masking pass before cuBLAS, which then beats the GEMV on i.i.d. masks from 8 tokens on (down, 8 / 16 tokens: 33.4 /
+# 33.8 against 32.4 / 32.8 µs, results/kernels_linear.md): such inputs keep the GEMV to a decode step's 16 tokens.
 GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 64, "input_group_linear": 32}
+MASKED_INPUT_GEMV_MAX_TOKENS = DECODE_MAX_TOKENS
 # Above the GEMV and up to this many tokens the output-group op runs cuBLAS on the whole weight and zeroes the inactive
 # groups' outputs: a few dozen tokens with i.i.d. masks use every group, and the GEMM over per-group token lists pays
 # its plan and tile quantisation. Llama-3-8B query projection at 50%, random / trained masks, µs, GEMM with its plan
@@ -300,7 +304,8 @@ def input_group_linear(
     masking of ``x`` (a wrong promise gives wrong results). The kernels need ``group_size`` to be a
     multiple of 16; other group sizes use the reference math.
 
-    ``path``: ``"auto"`` = the union-reading GEMV up to ``GEMV_MAX_TOKENS[op]`` tokens; above, the skipping GEMM
+    ``path``: ``"auto"`` = the union-reading GEMV up to ``GEMV_MAX_TOKENS[op]`` tokens (``x_is_masked``:
+    ``MASKED_INPUT_GEMV_MAX_TOKENS``); above, the skipping GEMM
     (``"gemm"``: per-tile active-group lists, see ``gemm_input_groups``) when at least
     ``GEMM_MIN_TOKENS`` tokens, ``x_is_masked`` and the plan's token tiles use at most
     ``GEMM_MAX_TILE_DENSITY`` of the groups (clustered masks; decided with one host sync, never during
@@ -327,7 +332,8 @@ def input_group_linear(
         return residual if residual is not None else x.new_empty(*lead, n_dim) if out is None else out
     m_rows = mask_rows(mask)
     num_tokens = x2.shape[0]
-    if path == "auto" and num_tokens > GEMV_MAX_TOKENS[op]:
+    gemv_max = MASKED_INPUT_GEMV_MAX_TOKENS if x_is_masked else GEMV_MAX_TOKENS[op]
+    if path == "auto" and num_tokens > gemv_max:
         path, plan = _choose_prefill_input_path(plan, mask, num_tokens, x_is_masked)
     if path == "dense":
         xm = x2 if x_is_masked else zero_inactive_groups(x2, m_rows, group_size)
@@ -335,7 +341,7 @@ def input_group_linear(
             residual.view(-1, n_dim).addmm_(xm, weight.t())
             return residual if bias is None else residual.add_(bias)
         y = F.linear(xm, weight, bias)
-    elif _use_gemv(path, num_tokens, GEMV_MAX_TOKENS[op]):
+    elif _use_gemv(path, num_tokens, gemv_max):
         from .gemv_decode import input_groups_gemv
 
         union = (None, None)  # no plan's union list: the GEMV builds it itself (no plan launch)

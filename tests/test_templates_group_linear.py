@@ -791,3 +791,21 @@ def test_output_op_takes_cublas_between_the_gemv_and_the_gemm(k, monkeypatch, ki
         got = lin.output_group_linear(x, w, mask, 32, b, out=_poisoned((tokens, 96), torch.float32))
         _check(got, ref.output_group_linear_reference(x, w, mask, 32, b), torch.float32, mask, 32)
         assert bool(calls) == gemm_runs
+
+
+@pytest.mark.parametrize(("tokens", "gemv"), [(16, True), (17, False)])
+def test_premasked_input_keeps_the_gemv_to_a_decode_step(k, monkeypatch, tokens, gemv):
+    """With ``x_is_masked`` (no masking pass before cuBLAS) "auto" takes the input-group GEMV only up to
+    MASKED_INPUT_GEMV_MAX_TOKENS (16), below GEMV_MAX_TOKENS (32) for inputs it must mask itself."""
+    lin, ref, decode = k["group_linear"], k["ref"], k["gemv_decode"]
+    calls = []
+    real = decode.input_groups_gemv
+    monkeypatch.setattr(decode, "input_groups_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(tokens)
+    w = torch.randn(64, 64, generator=gen) / 8
+    mask = torch.rand(tokens, 2, generator=gen) < 0.5
+    x = torch.randn(tokens, 64, generator=gen) * mask.repeat_interleave(32, dim=-1)
+    got = lin.input_group_linear(x, w, mask, 32, x_is_masked=True)
+    assert lin.MASKED_INPUT_GEMV_MAX_TOKENS == 16 < lin.GEMV_MAX_TOKENS["input_group_linear"]
+    assert bool(calls) == gemv
+    _check(got, ref.input_group_linear_reference(x, w, mask, 32), torch.float32)
