@@ -323,11 +323,3 @@ def output_dense_sweeps(ms: tuple = (192, 256, 512, 1024)) -> list:
     plan that needs) against cuBLAS on the whole weight with the inactive groups' outputs zeroed in one launch
     (``path="dense"``, ``templates/zero_groups.py``); ``kernels_linear_sweep_output_dense.json``."""
     return [("q_proj", m, mask, [dict(path="gemm"), dict(path="dense")]) for m in ms for mask in ("rand50", TRAINED)]
-
-
-def few_token_rows_sweeps(ms: tuple = (2, 4, 8, 16)) -> list:
-    """The 32 MB query / output projections at 2-16 tokens: the MMA GEMVs (default, ``{}``) against
-    ``templates/gemv_rows_tokens.py`` (``TOKEN_ROWS`` whole weight rows per program held in registers and reused for
-    every token), random and trained masks (``kernels_linear_sweep_few_token_rows.json``)."""
-    rows = [dict(TOKEN_ROWS=r, num_warps=w) for r, w in ((1, 4), (2, 4), (2, 8), (4, 8))]
-    return [(op, m, mask, [{}, *rows]) for m in ms for op in ("q_proj", "o_proj") for mask in ("rand50", TRAINED)]

@@ -26,7 +26,7 @@ import torch
 from ._triton_utils import (
     ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2, sm_count,
 )
-from . import gemv_rows, gemv_rows_tokens
+from . import gemv_rows
 from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
 
@@ -349,8 +349,6 @@ def output_groups_gemv(
     weight_bytes = (n_dim + len(dense) * nd) * k_dim * weight.element_size()
     if not gated and gemv_rows.applies(num_tokens, weight_bytes, group_size, config):
         return gemv_rows.output_rows_gemv(x, weight, bias, mask_rows, group_size, config, out, dense)
-    if not gated and not dense and gemv_rows_tokens.applies(num_tokens, weight_bytes, k_dim, group_size, config):
-        return gemv_rows_tokens.output_rows_tokens_gemv(x, weight, bias, mask_rows, group_size, config, out)
     cfg = dict(output_config(group_size, k_dim, gated, len(dense), num_tokens), **(config or {}))
     block_n, block_k = cfg["BLOCK_N"], min(cfg["BLOCK_K"], max(16, next_pow2(k_dim)))
     tiles_per_group = cdiv(group_size, block_n)
@@ -439,11 +437,8 @@ def input_groups_gemv(
     num_tokens, k_dim = x.shape
     n_dim = weight.shape[0]
     num_groups = k_dim // group_size
-    weight_bytes = n_dim * k_dim * weight.element_size()
-    if gemv_rows.applies(num_tokens, weight_bytes, group_size, config, output=False):
+    if gemv_rows.applies(num_tokens, n_dim * k_dim * weight.element_size(), group_size, config, output=False):
         return gemv_rows.input_rows_gemv(x, weight, bias, mask_rows, group_size, config, out)
-    if gemv_rows_tokens.applies(num_tokens, weight_bytes, k_dim, group_size, config, output=False):
-        return gemv_rows_tokens.input_rows_tokens_gemv(x, weight, bias, mask_rows, group_size, config, out)
     cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim, x.element_size()), **(config or {}))
     block_k = cfg["BLOCK_K"]
     if block_k < 16 or group_size % block_k:

@@ -388,24 +388,3 @@ def test_one_token_row_gemvs(weights, kind, dtype):
     _check(q, output_group_linear_reference(x.float(), wq.float(), mask, ATTN_GROUP), mask, ATTN_GROUP)
     _check(k, x.float() @ wk.float().T)
     _check(v, x.float() @ wv.float().T)
-
-
-@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["random", "all", "none", "clustered"])
-@pytest.mark.parametrize("m", [2, 5, 8])
-def test_few_token_row_gemvs(weights, m, kind, mask_dtype):
-    """templates/gemv_rows_tokens.py forced (``TOKEN_ROWS``) on the 8B query and output projections: whole rows per
-    program reused for every token, against the references; outputs poisoned first."""
-    gen = torch.Generator(device="cuda").manual_seed(m * 13 + len(kind))
-    wt = {k: v.to(torch.bfloat16) for k, v in weights.items()}
-    x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
-    mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen).to(mask_dtype)
-    nan = float("nan")
-    for rows, warps in ((1, 4), (2, 4), (4, 8)):
-        cfg = dict(TOKEN_ROWS=rows, num_warps=warps)
-        q = output_group_linear(x, wt["q"], mask, ATTN_GROUP, wt["bias"], path="gemv", config=cfg,
-                                out=torch.full((m, HIDDEN), nan, dtype=torch.bfloat16, device="cuda"))
-        _check(q, output_group_linear_reference(x, wt["q"], mask, ATTN_GROUP, wt["bias"]), mask, ATTN_GROUP)
-        o = input_group_linear(x, wt["o"], mask, ATTN_GROUP, path="gemv", config=cfg,
-                               out=torch.full((m, HIDDEN), nan, dtype=torch.bfloat16, device="cuda"))
-        _check(o, input_group_linear_reference(x, wt["o"], mask, ATTN_GROUP))

@@ -22,7 +22,6 @@ _KERNEL_MODULES = (
     "wide_compile.templates.gemm_gated_up",
     "wide_compile.templates.gemm_input_groups",
     "wide_compile.templates.gemv_rows",
-    "wide_compile.templates.gemv_rows_tokens",
     "wide_compile.templates.zero_groups",
     "wide_compile.templates.gemv_decode",
     "wide_compile.templates.group_linear",
@@ -810,46 +809,3 @@ def test_premasked_input_keeps_the_gemv_to_a_decode_step(k, monkeypatch, tokens,
     assert lin.MASKED_INPUT_GEMV_MAX_TOKENS == 16 < lin.GEMV_MAX_TOKENS["input_group_linear"]
     assert bool(calls) == gemv
     _check(got, ref.input_group_linear_reference(x, w, mask, 32), torch.float32)
-
-
-@pytest.mark.parametrize("kind", MASKS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("m", "rows", "k_dim"), [(2, 2, 96), (3, 4, 200), (8, 2, 256)])
-def test_few_token_row_gemvs(k, kind, dtype, m, rows, k_dim):
-    """templates/gemv_rows_tokens.py forced with ``TOKEN_ROWS``: output groups (with a bias; tokens of a used group
-    that do not use it get exact zeros) and input groups (rows not a multiple of ``TOKEN_ROWS``, input not pre-masked,
-    a group count that is not a power of two) match the references; every output poisoned first."""
-    lin, ref = k["group_linear"], k["ref"]
-    gen = torch.Generator().manual_seed(m * 100 + rows * 7 + k_dim)
-    cfg = dict(TOKEN_ROWS=rows, num_warps=2)
-    gs_out, n_out = 16, 64
-    x = torch.randn(m, k_dim, generator=gen).to(dtype)
-    w, b = torch.randn(n_out, k_dim, generator=gen).to(dtype), torch.randn(n_out, generator=gen).to(dtype)
-    mask = _mask(kind, m, n_out // gs_out, gen)
-    y = lin.output_group_linear(x, w, mask, gs_out, b, path="gemv", config=cfg, out=_poisoned((m, n_out), dtype))
-    _check(y, ref.output_group_linear_reference(x, w, mask, gs_out, b), dtype, mask, gs_out)
-    gs_in, k_in = {96: (32, 96), 200: (16, 192), 256: (32, 256)}[k_dim]  # 3, 12 and 8 input groups
-    x = torch.randn(m, k_in, generator=gen).to(dtype)
-    wi, bi = torch.randn(37, k_in, generator=gen).to(dtype), torch.randn(37, generator=gen).to(dtype)
-    mi = _mask(kind, m, k_in // gs_in, gen)
-    yi = lin.input_group_linear(x, wi, mi, gs_in, bi, path="gemv", config=cfg, out=_poisoned((m, 37), dtype))
-    _check(yi, ref.input_group_linear_reference(x, wi, mi, gs_in, bi), dtype)
-
-
-def test_few_token_row_gemvs_apply_only_where_they_fit(k, monkeypatch):
-    """``TOKEN_ROWS`` forces the few-token row kernels where the rows fit in registers (``ROWS * K`` at most
-    MAX_ROW_ELEMENTS), output rows lie in one group and input groups have a power-of-two size; other configs keep the
-    MMA GEMVs; by default they cover 2..MAX_TOKENS tokens on small weights (not under the interpreter)."""
-    rt = k["gemv_rows_tokens"]
-    assert rt.applies(4, 32 << 20, 4096, 512, dict(TOKEN_ROWS=2))
-    assert not rt.applies(4, 32 << 20, 4096, 512, dict(TOKEN_ROWS=8))  # 8 x 4096 rows do not fit
-    assert not rt.applies(4, 32 << 20, 4096, 512, dict(TOKEN_ROWS=0))
-    assert not rt.applies(4, 32 << 20, 4096, 512, dict(BLOCK_N=32))
-    assert not rt.applies(4, 32 << 20, 96, 12, dict(TOKEN_ROWS=8))  # output rows would straddle groups
-    assert not rt.applies(4, 32 << 20, 96, 48, dict(TOKEN_ROWS=2), output=False)  # group size not a power of two
-    assert rt.applies(4, 32 << 20, 96, 32, dict(TOKEN_ROWS=2), output=False)
-    monkeypatch.setattr(rt, "interpreting", lambda: False)
-    monkeypatch.setattr(rt, "MAX_TOKENS", 8)
-    assert rt.applies(2, 32 << 20, 4096, 512, None) and rt.applies(8, 32 << 20, 4096, 512, None, output=False)
-    assert not rt.applies(1, 32 << 20, 4096, 512, None) and not rt.applies(9, 32 << 20, 4096, 512, None)
-    assert not rt.applies(4, 117 << 20, 4096, 128, None)  # a weight over MAX_WEIGHT_BYTES
