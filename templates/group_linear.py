@@ -7,11 +7,12 @@
 Inputs may carry leading batch dims (``x[..., K]``, ``mask[..., G]``): they are flattened and restored.
 Dtypes: bf16 / fp16 (fp32 accepted; computed with IEEE fp32 dots). Non-contiguous inputs are made
 contiguous. With few tokens the GEMVs run (they read only the weight of groups active for some token of the batch,
-once for all tokens): up to 32 tokens for ``input_group_linear`` (16 on a pre-masked input), 64 for ``gated_up_groups`` and 128 for
-``output_group_linear`` (``GEMV_MAX_TOKENS``); otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one
-from ``build_group_plan(mask)`` to share it between paired ops; built here when omitted), or for
-``input_group_linear`` cuBLAS on the masked input. On CPU
-without ``TRITON_INTERPRET=1`` (or without Triton) the PyTorch references run instead.
+once for all tokens): up to 32 tokens for ``input_group_linear`` (16 on a pre-masked input), 64 for
+``gated_up_groups`` and 128 for ``output_group_linear`` (``GEMV_MAX_TOKENS``). Above, ``output_group_linear`` runs
+cuBLAS and zeroes the inactive outputs up to ``DENSE_OUTPUT_MAX_TOKENS``, ``input_group_linear`` cuBLAS on the masked
+input; otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one from ``build_group_plan(mask)`` to share
+it between paired ops; built here when omitted). On CPU without ``TRITON_INTERPRET=1`` (or without Triton) the
+PyTorch references run instead.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from .group_linear_reference import (
     output_group_linear_reference,
 )
 from .group_plan import DECODE_MAX_TOKENS, GroupPlan, build_group_plan, mask_rows
-from .zero_groups import zero_inactive_groups
 from .rotary_epilogue import check_rotary, epilogue_applies, kernel_tables, rotate_reference
+from .zero_groups import zero_inactive_groups
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Most tokens for which the "auto" path takes the GEMV. With i.i.d. masks a few dozen tokens already need almost
@@ -310,8 +311,7 @@ def input_group_linear(
     ``GEMM_MIN_TOKENS`` tokens, ``x_is_masked`` and the plan's token tiles use at most
     ``GEMM_MAX_TILE_DENSITY`` of the groups (clustered masks; decided with one host sync, never during
     CUDA-graph capture), else ``"dense"``: cuBLAS on the input masked in one launch (``zero_groups``). On the H200
-    the skipping GEMM
-    measured slower than cuBLAS everywhere else (benchmarks/results/kernels_linear.md).
+    the skipping GEMM measured slower than cuBLAS everywhere else (benchmarks/results/kernels_linear.md).
     ``"gemv"`` / ``"gemm"`` / ``"dense"`` force a path.
     """
     op = "input_group_linear"
