@@ -198,11 +198,12 @@ class Case:
             config = dict(config)
             forced = config.pop("path")
         out_path = forced or "auto"
-        # as in the model: no plan where the op's GEMV runs (it needs none; "auto" takes it up to GEMV_MAX_TOKENS)
-        gemv_limit = GEMV_MAX_TOKENS["gated_up_groups" if kind in ("gated", "ffn") else "output_group_linear"]
-        if kind == "output":  # "auto" runs cuBLAS up to DENSE_OUTPUT_MAX_TOKENS (no plan either)
-            gemv_limit = max(gemv_limit, DENSE_OUTPUT_MAX_TOKENS)
-        no_plan = out_path in ("gemv", "dense") or (out_path == "auto" and self.m <= gemv_limit)
+        # as in the model: no plan where the op's GEMV runs (it needs none; "auto" takes it up to GEMV_MAX_TOKENS),
+        # nor where the output-group op runs cuBLAS ("auto" up to DENSE_OUTPUT_MAX_TOKENS)
+        no_plan_limit = GEMV_MAX_TOKENS["gated_up_groups" if kind in ("gated", "ffn") else "output_group_linear"]
+        if kind == "output":
+            no_plan_limit = max(no_plan_limit, DENSE_OUTPUT_MAX_TOKENS)
+        no_plan = out_path in ("gemv", "dense") or (out_path == "auto" and self.m <= no_plan_limit)
         for i in range(len(self.x)):
             x, mask = self.x[i], masks[i]
             if kind == "gated":

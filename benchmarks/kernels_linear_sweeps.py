@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from kernels_linear_ops import MASKS, OPS, TRAINED
 
+from wide_compile.templates.gemv_decode import _pipeline_stages, _token_tile
+
 
 SWEEPS = [
     # (op, M, mask, [configs]); GEMM: BLOCK_M/BLOCK_N/BLOCK_K/num_warps/num_stages (+SPLIT, GROUP_N)
@@ -305,9 +307,8 @@ def input_moderate_gemv_sweeps(ms: tuple = (32, 64, 128, 256)) -> list:
     read the whole weight, and the GEMV masks ``x`` in its loads instead of in a separate pass
     (``kernels_linear_sweep_input_moderate.json``). Stages are cut to what fits in shared memory at each token tile."""
     def g(block_n: int, stages: int, split: int, m: int) -> dict:
-        block_t = max(16, 1 << (m - 1).bit_length())
-        fit = max(2, (216 * 1024) // ((block_n + block_t) * 128 * 2))
-        return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=min(stages, fit), SPLIT=split)
+        fit = _pipeline_stages(block_n, 128, _token_tile(m), 2, most=stages)  # what the library's rule allows
+        return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=128, num_warps=4, num_stages=fit, SPLIT=split)
 
     out = []
     for m in ms:
