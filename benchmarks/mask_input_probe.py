@@ -38,8 +38,9 @@ def main() -> None:
         masks = [(torch.rand(m, k // gs, device="cuda", generator=gen) < 0.5).view(torch.uint8) for _ in range(copies)]
         for x, mk in zip(xs, masks):
             assert torch.equal(zero_inactive_groups(x, mk, gs), zero_inactive_groups_reference(x, mk, gs))
-        timed = {"torch_where": [lambda x=x, mk=mk: zero_inactive_groups_reference(x, mk, gs) for x, mk in zip(xs, masks)],
-                 "triton": [lambda x=x, mk=mk: zero_inactive_groups(x, mk, gs) for x, mk in zip(xs, masks)]}
+        pairs = list(zip(xs, masks))
+        timed = {"torch_where": [lambda x=x, mk=mk: zero_inactive_groups_reference(x, mk, gs) for x, mk in pairs],
+                 "triton": [lambda x=x, mk=mk: zero_inactive_groups(x, mk, gs) for x, mk in pairs]}
         med = {key: statistics.median(v) for key, v in interleaved(timed, args.rounds).items()}
         rows.append(dict(M=m, K=k, group_size=gs, copies=copies, **{f"{key}_us": v for key, v in med.items()}))
         print(f"M={m:6d} K={k:6d} gs={gs:4d}  torch.where {med['torch_where']:8.1f} us  triton {med['triton']:8.1f} us",
