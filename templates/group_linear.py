@@ -217,7 +217,7 @@ def output_group_linear(
     if path == "auto" and GEMV_MAX_TOKENS[op] < x2.shape[0] <= DENSE_OUTPUT_MAX_TOKENS:
         path = "dense"
     if path == "dense":  # cuBLAS on the whole weight, then the inactive groups' outputs zeroed in one launch
-        y = zero_inactive_groups(F.linear(x2, weight, bias), mask_rows(mask), group_size)
+        y = zero_inactive_groups(F.linear(x2, weight, bias), mask_rows(mask), group_size, in_place=True)
     elif _use_gemv(path, x2.shape[0], GEMV_MAX_TOKENS[op]):
         from .gemv_decode import output_groups_gemv
 

@@ -21,10 +21,11 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _zero_groups_kernel(x_ptr, mask_ptr, y_ptr, K, G,
-                           GROUP_SIZE: tl.constexpr, MASK_VALUE_BITS: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _zero_groups_kernel(x_ptr, mask_ptr, y_ptr, K, G, GROUP_SIZE: tl.constexpr, MASK_VALUE_BITS: tl.constexpr,
+                            IN_PLACE: tl.constexpr, BLOCK_K: tl.constexpr):
         """One program per (token, ``BLOCK_K`` columns): ``y = x`` where the column's group is on for the token,
-        else 0; ``x`` is not fetched in inactive groups. ``MASK_VALUE_BITS``: as in ``gemv_rows._rows_times_x``."""
+        else 0; ``x`` is not fetched in inactive groups. ``IN_PLACE`` (``y`` is ``x``): only the zeros are stored,
+        nothing is read. ``MASK_VALUE_BITS``: as in ``gemv_rows._rows_times_x``."""
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
         inside = offs < K
@@ -33,35 +34,45 @@ if HAS_TRITON:
             flag = flag & 0x7FFF
         elif MASK_VALUE_BITS == 31:
             flag = flag & 0x7FFFFFFF
-        xv = tl.load(x_ptr + row * K + offs, mask=inside & (flag != 0), other=0.0)
-        tl.store(y_ptr + row * K + offs, xv, mask=inside)
+        if IN_PLACE:
+            tl.store(y_ptr + row * K + offs, tl.zeros((BLOCK_K,), dtype=y_ptr.dtype.element_ty),
+                     mask=inside & (flag == 0))
+        else:
+            xv = tl.load(x_ptr + row * K + offs, mask=inside & (flag != 0), other=0.0)
+            tl.store(y_ptr + row * K + offs, xv, mask=inside)
 
 
 BLOCK_K = 2048  # 4 KB of a bf16 row per program
 
 
-def zero_inactive_groups_reference(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int) -> torch.Tensor:
+def zero_inactive_groups_reference(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int,
+                                   in_place: bool = False) -> torch.Tensor:
     """``x2[M, K]`` with ``x2[t, g*gs:(g+1)*gs] = 0`` where ``m_rows[t, g] == 0`` (a broadcast, no expanded mask)."""
     num_tokens, num_groups = m_rows.shape
     keep = (m_rows != 0).view(num_tokens, num_groups, 1)
     xg = x2.view(num_tokens, num_groups, group_size)
+    if in_place:
+        xg.masked_fill_(~keep, 0)
+        return x2
     return torch.where(keep, xg, torch.zeros((), dtype=x2.dtype, device=x2.device)).view(num_tokens, -1)
 
 
-def zero_inactive_groups(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int) -> torch.Tensor:
+def zero_inactive_groups(x2: torch.Tensor, m_rows: torch.Tensor, group_size: int,
+                         in_place: bool = False) -> torch.Tensor:
     """``x2[M, K]`` (contiguous) with each row's inactive groups (``m_rows[M, G] == 0``, ``K = G * group_size``)
     set to 0: one Triton launch on CUDA; the PyTorch reference elsewhere (and for bf16 under the CPU interpreter,
-    whose bf16 is not exact)."""
+    whose bf16 is not exact). ``in_place``: ``x2`` itself is zeroed there (only those bytes are written) and
+    returned."""
     num_tokens, k_dim = x2.shape
     if m_rows.shape != (num_tokens, k_dim // group_size) or k_dim % group_size:
         raise ValueError(f"zero_inactive_groups: mask rows {tuple(m_rows.shape)} do not cover x {tuple(x2.shape)} in "
                          f"groups of {group_size}")
     if not can_run_triton(x2) or (interpreting() and x2.dtype == torch.bfloat16) or num_tokens == 0:
-        return zero_inactive_groups_reference(x2, m_rows, group_size)
-    y = torch.empty_like(x2)
+        return zero_inactive_groups_reference(x2, m_rows, group_size, in_place)
+    y = x2 if in_place else torch.empty_like(x2)
     flags, value_bits = integer_mask(m_rows)
     _zero_groups_kernel[(num_tokens, cdiv(k_dim, BLOCK_K))](
-        x2, flags, y, k_dim, m_rows.shape[1], GROUP_SIZE=group_size, MASK_VALUE_BITS=value_bits, BLOCK_K=BLOCK_K,
-        num_warps=4,
+        x2, flags, y, k_dim, m_rows.shape[1], GROUP_SIZE=group_size, MASK_VALUE_BITS=value_bits, IN_PLACE=in_place,
+        BLOCK_K=BLOCK_K, num_warps=4,
     )
     return y

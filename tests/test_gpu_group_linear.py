@@ -121,6 +121,9 @@ def test_zero_groups_kernel_on_gpu(m, k, gs, mask_dtype):
     got = zero_inactive_groups(x, rows, gs)
     assert torch.equal(got, zero_inactive_groups_reference(x, rows, gs))
     assert got.abs().sum() > 0
+    inplace = x.clone()
+    zero_inactive_groups(inplace, rows, gs, in_place=True)
+    assert torch.equal(inplace, got)
 
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])

@@ -731,6 +731,9 @@ def test_zero_groups_kernel_matches_the_torch_form(k, dtype, kind, m, d, gs):
     got = mi.zero_inactive_groups(x, rows, gs)
     want = mi.zero_inactive_groups_reference(x, rows, gs)
     assert got.dtype == x.dtype and torch.equal(got, want)
+    inplace = x.clone()
+    assert mi.zero_inactive_groups(inplace, rows, gs, in_place=True).data_ptr() == inplace.data_ptr()
+    assert torch.equal(inplace, want)
     assert torch.equal(got.view(m, -1, gs)[(mask == 0)], torch.zeros_like(got.view(m, -1, gs)[(mask == 0)]))
     assert torch.equal(got.view(m, -1, gs)[(mask != 0)], x.view(m, -1, gs)[(mask != 0)])
 
