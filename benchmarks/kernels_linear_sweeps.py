@@ -319,6 +319,19 @@ def input_moderate_gemv_sweeps(ms: tuple = (32, 64, 128, 256)) -> list:
     return out
 
 
+def gated_wide_rows_sweeps(ms: tuple = (64, 32)) -> list:
+    """The fused gate/up GEMV at 32-64 tokens with 128-row tiles (one group's gate and up rows per program, 112
+    programs for 132 SMs) against its default 64-row tiles (224 programs): every program reads the whole token tile
+    ``x`` from L2 (512 KB at 64 tokens), so 224 programs move 115 MB of ``x`` beside the 235 MB of weights, 112 move
+    half that (``kernels_linear_sweep_gated_wide_rows.json``)."""
+    def g(block_n: int, block_k: int, stages: int, warps: int, split: int = 1) -> dict:
+        return dict(path="gemv", BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=warps, num_stages=stages)
+
+    configs = [g(64, 128, 4, 4), g(128, 64, 5, 8), g(128, 64, 4, 8), g(128, 64, 5, 4), g(128, 32, 8, 8),
+               g(128, 64, 4, 8, split=2)]
+    return [("gate_up", m, mask, configs) for m in ms for mask in ("rand50", TRAINED)]
+
+
 def output_dense_sweeps(ms: tuple = (192, 256, 512, 1024)) -> list:
     """The query projection above the GEMV's 128 tokens: its output-group GEMM over per-group token lists (with the
     plan that needs) against cuBLAS on the whole weight with the inactive groups' outputs zeroed in one launch

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from kernels_targets import attention_targets, linear_targets, render  # noqa: E402
+from kernels_targets import attention_targets, linear_targets, misses_summary, render  # noqa: E402
 
 
 def _linear_row(op, m, ours, dense, bound, union=None, half=None, mask="rand50"):
@@ -87,3 +87,19 @@ def test_values_keep_enough_digits_to_show_a_miss():
         _attention_row("decode", 16, 4096, 0.5, 0.04035, 0.07258, 0.030)]}                   # 1.7987x
     text = render(linear, attention)
     assert "| 89.5% | NO |" in text and "| 1.90x | yes |" in text and "| 1.799x | NO |" in text
+
+
+def test_misses_summary_counts_each_kind_of_miss():
+    linear = {"meta": LINEAR["meta"], "rows": [
+        _linear_row("down", 8, 34.0, 32.6, 27.6, union=33.0),         # miss; union cuBLAS 84%; ours 3% longer
+        _linear_row("o_proj", 64, 14.5, 12.4, 8.0),                   # miss; union cuBLAS 65%; ours 17% longer
+        _linear_row("gate_up", 4, 54.0, 56.0, 52.0),                  # 96%: met, not counted
+        _linear_row("q_proj", 4096, 125.0, 176.0, 100.0, half=90.0),  # half-width 1.96x meets it
+        _linear_row("o_proj", 4096, 230.0, 205.0, 110.0, half=115.0),  # half-width 1.78x does not
+    ]}
+    text = misses_summary(linear_targets(linear) + attention_targets(ATTENTION))
+    assert text.startswith("Of the 5 misses, 2 are linear targets at 1-256 tokens;")
+    assert "does not meet 2 of them either, and on 1 of those ours takes at most 5% longer" in text
+    assert "2 are prefill linear targets (q_proj at 4096 tokens; o_proj at 4096 tokens)" in text
+    assert "it meets 1 of them" in text
+    assert text.endswith("1 is attention (decode, B = 16, S = 4096).")
