@@ -1,6 +1,7 @@
-"""Programmatic dependent launch (sm_90+), opt-in with ``WIDE_PDL=1`` (stop 10: slower in the whole decode step when
-every launch uses it), except between a split kernel and its reduction (:func:`paired_pdl_launch`, the decode
-attention's: 0.1-0.9 µs less per call on the H200, ``benchmarks/results/decode_paired_pdl.json``).
+"""Programmatic dependent launch (sm_90+), opt-in with ``WIDE_PDL=1`` (slower in the whole decode step when every launch
+uses it: stop 10, and stop 33's 8B batch-1 step, 3.170 / 3.173 against 3.160 / 3.158 ms,
+``benchmarks/results/e2e_b1_pdl_*.json``), except between a split kernel and its reduction (:func:`paired_pdl_launch`,
+the decode attention's: 0.1-0.9 µs less per call on the H200, ``benchmarks/results/decode_paired_pdl.json``).
 
 A kernel launched with ``launch_pdl=True`` may be scheduled before its predecessor in the stream has finished (once
 every program of the predecessor has released its dependents or exited), so launch latency and the first steps of
