@@ -184,7 +184,8 @@ def test_query_gemm_rotary_epilogue(weights, shape, batch, m, kind):
     tiles) against the same GEMM unrotated and rotated in fp32 afterwards (as Inductor's fused kernel computes it:
     equal but for FMA contraction, at most one unit in the last place) and against the eager bf16 reference. Shapes:
     Llama-3-8B (groups of 4 heads x 128) and SmolLM2-135M (hidden 576, groups of 3 heads x 64: a group's second
-    128-column tile holds one head)."""
+    128-column tile holds one head). The GEMM is forced (``path="gemm"``): at 300 tokens "auto" takes cuBLAS and
+    rotates afterwards (``test_query_rotary_after_cublas``)."""
     from wide_compile.templates.rotary_epilogue import rotate_reference
 
     hidden, group, head_dim, theta = (HIDDEN, ATTN_GROUP, 128, 500000.0) if shape == "llama3-8b" else (576, 192, 64,
@@ -198,9 +199,9 @@ def test_query_gemm_rotary_epilogue(weights, shape, batch, m, kind):
     x = torch.randn(batch, m, hidden, generator=gen, device="cuda").to(torch.bfloat16)
     mask = _mask(kind, batch * m, hidden // group, gen).view(batch, m, -1)
     cos, sin = _rope_tables(m, head_dim, theta)
-    q = output_group_linear(x, wq, mask, group, bias, rotary=(cos, sin),
+    q = output_group_linear(x, wq, mask, group, bias, rotary=(cos, sin), path="gemm",
                             out=torch.full((batch, m, hidden), float("nan"), dtype=torch.bfloat16, device="cuda"))
-    plain = output_group_linear(x, wq, mask, group, bias)
+    plain = output_group_linear(x, wq, mask, group, bias, path="gemm")
     heads = plain.view(batch, m, hidden // head_dim, head_dim).float()
     half = head_dim // 2
     rotated = torch.cat((-heads[..., half:], heads[..., :half]), -1)
@@ -208,6 +209,29 @@ def test_query_gemm_rotary_epilogue(weights, shape, batch, m, kind):
     assert not torch.isnan(q).any()
     assert ((q.float() - fp32).abs() <= fp32.abs() * 2 ** -7 + 1e-6).all(), "more than one bf16 rounding apart"
     _check(q, rotate_reference(plain, cos, sin), mask, group)
+
+
+@pytest.mark.parametrize("m", [129, 300, 512])
+@pytest.mark.parametrize("kind", ["random", "all", "none"])
+def test_query_rotary_after_cublas(weights, m, kind):
+    """Between the GEMV's and the GEMM's token counts "auto" runs cuBLAS, zeroes the inactive groups in place and
+    rotates afterwards with the eager formula (``rotate_reference``, each bf16 op rounded, as HF's eager model): equal
+    bit for bit to the unrotated op rotated by that formula, inactive groups exactly 0."""
+    from wide_compile.templates.group_linear import DENSE_OUTPUT_MAX_TOKENS, GEMV_MAX_TOKENS
+    from wide_compile.templates.rotary_epilogue import rotate_reference
+
+    assert GEMV_MAX_TOKENS["output_group_linear"] < m <= DENSE_OUTPUT_MAX_TOKENS
+    gen = torch.Generator(device="cuda").manual_seed(m + len(kind))
+    wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
+    x = torch.randn(1, m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen).view(1, m, -1)
+    cos, sin = _rope_tables(m, 128, 500000.0)
+    q = output_group_linear(x, wq, mask, ATTN_GROUP, bias, rotary=(cos, sin),
+                            out=torch.full((1, m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
+    plain = output_group_linear(x, wq, mask, ATTN_GROUP, bias)
+    assert torch.equal(q, rotate_reference(plain, cos, sin))
+    _check(q, rotate_reference(output_group_linear_reference(x, wq, mask, ATTN_GROUP, bias), cos, sin), mask,
+           ATTN_GROUP)
 
 
 @pytest.mark.parametrize("head_dim, group_size, hidden, m", [(16, 32, 128, 300), (32, 64, 256, 300),
