@@ -70,10 +70,10 @@ def linear_cases(gen, tokens_list) -> list[bool]:
         joined = output_group_linear_with_dense(x, w, om, gs, None, [wk, wv], [None, None])
         out.append(_close(f"output_group_linear_with_dense M={m}", torch.cat(joined, -1), torch.cat(
             [output_group_linear_reference(x, w, om, gs), x.float() @ wk.float().T, x.float() @ wv.float().T], -1)))
-        if m > 16:  # cuBLAS with the inactive outputs zeroed in place ("auto" from 129 to 512 tokens)
+        if m > 16:  # cuBLAS with the inactive outputs zeroed in place ("auto" from 129 to 512 tokens), and weight
+            # tiles through TMA descriptors (the gate/up default from 512 tokens on the GPU)
             out.append(_close(f"output_group_linear M={m} path=dense", output_group_linear(x, w, om, gs, path="dense"),
                               output_group_linear_reference(x, w, om, gs)))
-        if m > 16:  # weight tiles through TMA descriptors (the gate/up default from 512 tokens on the GPU)
             tma = {"TMA": True}
             out.append(_close(f"output_group_linear M={m} TMA", output_group_linear(x, w, om, gs, path="gemm",
                                                                                     config=tma),
