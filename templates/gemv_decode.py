@@ -272,13 +272,6 @@ def _pipeline_stages(block_n: int, block_k: int, block_t: int, elem_bytes: int, 
     return max(2, min(most, (216 * 1024) // per_stage))
 
 
-def _gated_stages(block_n: int, block_k: int, block_t: int, most: int = 4) -> int:
-    """Pipeline stages of the gated GEMV: ``most``, or as many as fit with two weight tiles and the token tile per
-    stage in 216 KB of shared memory (the H200 has 227 KB per block), at least 2."""
-    per_stage = (2 * block_n + block_t) * block_k * 2
-    return max(2, min(most, (216 * 1024) // per_stage))
-
-
 def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_tokens: int = 1) -> dict:
     """Launch configuration; ``dense``: number of dense sibling linears in the launch (their tiles double the
     programs of a query projection beside key and value, so K is split in 4 instead of 8: H200, Llama-3-8B q/k/v,
@@ -295,7 +288,7 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
     more than 132 programs (25%: 51.0 / 49.9; a 50% draw with 68 active groups: 47.3 / 37.5, the second wave
     gone). At 2 tokens three quarters are active and 3 stages are faster (50%: 46.2 against 48.4; 70%: 34.2 / 33.4);
     at 4-16 tokens they tie within 0.6 µs. Above 16 tokens 4 stages (32: 60.2 against 61.6; 64: 62.4 / 64.6), fewer
-    where four would not fit in the shared memory (:func:`_gated_stages`).
+    where four would not fit in the shared memory (:func:`_pipeline_stages` with both weight tiles).
 
     The plain form at one token splits K in 4 with 6 stages (``kernels_linear_sweep_small_k_decode.json``, the
     Llama-3-8B query projection alone, three 50% draws and the clustered, 25% and 70% masks: 12.75 / 8.73 / 7.03 /
@@ -308,7 +301,7 @@ def output_config(group_size: int, k_dim: int, gated: bool, dense: int = 0, num_
     block_n = min(64, max(16, next_pow2(group_size)))
     many = num_tokens > 16
     if gated:  # two weights per program: enough bytes in flight without splitting K
-        stages = 3 if 1 < num_tokens <= 16 else _gated_stages(block_n, 128, _token_tile(num_tokens))
+        stages = 3 if 1 < num_tokens <= 16 else _pipeline_stages(2 * block_n, 128, _token_tile(num_tokens), 2, 4)
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=stages)
     if dense:
         return dict(BLOCK_N=block_n, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=3)
