@@ -41,7 +41,7 @@ from wide_compile.templates.group_linear import (
     DENSE_OUTPUT_MAX_TOKENS, GEMV_MAX_TOKENS, MASKED_INPUT_GEMV_MAX_TOKENS,
 )
 from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's directory)
-    MASKS, MS, OPS, TRAINED, TRAINED_MASKS, make_mask, mask_family,
+    MASKS, MS, OPS, TRAINED, TRAINED_MASKS, group_count, make_mask, mask_family,
 )
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
@@ -301,7 +301,7 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
                 continue
             copies = draws_for(op, m)
             case = Case(op, m, copies, gen)
-            g = OPS[op]["N"] // OPS[op]["gs"] if OPS[op]["kind"] in ("gated", "output", "ffn") else OPS[op]["K"] // OPS[op]["gs"]
+            g = group_count(op)
             mask_list = [(mname, [make_mask(mname, m, g, gen, mask_family(op)) for _ in range(copies)])
                          for mname in masks]
             timed = {"dense": case.dense_fns(half=False, act=False), "half": case.dense_fns(half=True, act=False)}
@@ -346,7 +346,7 @@ def run_sweep(gen: torch.Generator, sweeps: list | None = None, repeat: int = 1)
         copies = draws_for(op, m)
         case = Case(op, m, copies, gen)
         kind = OPS[op]["kind"]
-        g = OPS[op]["N"] // OPS[op]["gs"] if kind in ("gated", "output") else OPS[op]["K"] // OPS[op]["gs"]
+        g = group_count(op)
         mask = [make_mask(mname, m, g, gen, mask_family(op)) for _ in range(copies)]  # a draw per copy, as the table
         dense = bench_graph(case.dense_fns(half=False, act=False))
         expected = case.ours_fns(mask)[0]().float()  # the default configuration's result: each config must match it

@@ -39,6 +39,13 @@ def mask_family(op: str) -> str:
     return "attention" if OPS[op]["gs"] == 512 else "mlp"
 
 
+def group_count(op: str) -> int:
+    """Groups of an op's mask: output groups over N (gate/up, the query projection, the whole FFN's intermediate),
+    input groups over K (down, the output projection)."""
+    cfg = OPS[op]
+    return (cfg["N"] if cfg["kind"] in ("gated", "output", "ffn") else cfg["K"]) // cfg["gs"]
+
+
 def make_mask(name: str, m: int, g: int, gen: torch.Generator, family: str = "mlp",
               device: str = "cuda") -> torch.Tensor:
     """``[m, g]`` bool mask of kind ``name``: i.i.d. random with ``MASKS[name]`` active, ``pattern50`` (each token one
