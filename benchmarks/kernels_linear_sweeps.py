@@ -337,25 +337,3 @@ def output_dense_sweeps(ms: tuple = (192, 256, 512, 1024)) -> list:
     plan that needs) against cuBLAS on the whole weight with the inactive groups' outputs zeroed in one launch
     (``path="dense"``, ``templates/zero_groups.py``); ``kernels_linear_sweep_output_dense.json``."""
     return [("q_proj", m, mask, [dict(path="gemm"), dict(path="dense")]) for m in ms for mask in ("rand50", TRAINED)]
-
-
-def fold_sweeps(ms: tuple = (1024, 2048, 4096, 8192, 16384)) -> list:
-    """The prefill output-group GEMMs (gate/up and the query projection) at their default tiles with and without
-    ``FOLD`` (two mirrored token tiles per program: a zero-only tile's stores ride on an active tile's program instead
-    of holding an SM of their own; ``templates/folded_tiles.py``), at 50% and, from 4096 tokens, 25% and 70%; also
-    with 3 / 4 stages against the default's other count (``kernels_linear_sweep_fold.json``)."""
-    from wide_compile.templates.gemm_gated_up import default_config
-
-    from wide_compile.templates.gemm_output_groups import default_config as q_default
-
-    q_gs = OPS["q_proj"]["gs"]
-    sweeps = []
-    for m in ms:
-        bases = {"gate_up": default_config(m, OPS["gate_up"]["gs"]),
-                 "q_proj": q_default(m, q_gs, OPS["q_proj"]["N"] // q_gs)}
-        for op, base in bases.items():
-            other_stages = 7 - base["num_stages"]  # 3 <-> 4
-            configs = [base, dict(base, FOLD=True), dict(base, FOLD=True, num_stages=other_stages)]
-            for mask in ("rand50",) + (("rand25", "rand70") if m >= 4096 else ()):
-                sweeps.append((op, m, mask, configs if mask == "rand50" else configs[:2]))
-    return sweeps

@@ -77,12 +77,17 @@ if HAS_TRITON:
         return tl.cdiv(tl.max(tl.load(counts_ptr + offs, mask=offs < num_counts, other=0), 0), BLOCK)
 
     @triton.jit
-    def output_group_pids(M, N, counts_ptr, GROUP_SIZE: tl.constexpr, TILES_PER_GROUP: tl.constexpr,
-                          BLOCK_M: tl.constexpr, GROUP_N: tl.constexpr, ACTIVE_FIRST: tl.constexpr = 0):
-        """This program's (token tile, n tile) of an output-group GEMM with one program per tile. ``ACTIVE_FIRST``
-        (0: off, else a power of two >= the number of groups): the first programs sweep the token tiles below the
-        largest group's count, the rest (zero-only tiles in every group) come last, where they fill the SMs the last
-        wave of MMA tiles leaves."""
+    def output_group_tile(M, N, tokens_ptr, counts_ptr, GROUP_SIZE: tl.constexpr, TILES_PER_GROUP: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
+                          ACTIVE_FIRST: tl.constexpr = 0):
+        """This program's tile of an output-group GEMM over the per-group reordered token list.
+
+        Returns ``(tile_start, offs_m, rows, count, offs_n, valid_n, out_mask)``: the tile's first position
+        in group ``g``'s list (active tokens first; the tile is fully inactive when ``tile_start >= count``),
+        the token rows it gathers / scatters, and its output columns. ``ACTIVE_FIRST`` (0: off, else a power of
+        two >= the number of groups): the first programs sweep the token tiles below the largest group's count, the
+        rest (zero-only tiles in every group) come last, where they fill the SMs the last wave of MMA tiles leaves.
+        """
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = (N // GROUP_SIZE) * TILES_PER_GROUP
         if ACTIVE_FIRST:
@@ -95,24 +100,16 @@ if HAS_TRITON:
                 pid_n = (pid - m_act * num_n) % num_n
         else:
             pid_m, pid_n = swizzle_n_major(tl.program_id(0), num_m, num_n, GROUP_N)
-        return pid_m, pid_n
-
-    @triton.jit
-    def output_group_columns(pid_n, GROUP_SIZE: tl.constexpr, TILES_PER_GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
-        """n tile ``pid_n`` -> ``(g, offs_n, valid_n)``: its group, output columns and which lie inside the group."""
         g = pid_n // TILES_PER_GROUP
         offs_gn = (pid_n % TILES_PER_GROUP) * BLOCK_N + tl.arange(0, BLOCK_N)
-        return g, g * GROUP_SIZE + offs_gn, offs_gn < GROUP_SIZE
-
-    @triton.jit
-    def output_group_rows(M, tokens_ptr, g, pid_m, valid_n, BLOCK_M: tl.constexpr):
-        """Token tile ``pid_m`` of group ``g``'s reordered list -> ``(tile_start, offs_m, rows, out_mask)``: its first
-        list position (active tokens first; the tile is fully inactive when ``tile_start >= count``), its positions,
-        the token rows it gathers / scatters and its store mask."""
+        valid_n = offs_gn < GROUP_SIZE
+        offs_n = g * GROUP_SIZE + offs_gn
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         valid_m = offs_m < M
         rows = tl.load(tokens_ptr + g.to(tl.int64) * M + offs_m, mask=valid_m, other=0).to(tl.int64)
-        return pid_m * BLOCK_M, offs_m, rows, valid_m[:, None] & valid_n[None, :]
+        count = tl.load(counts_ptr + g)
+        out_mask = valid_m[:, None] & valid_n[None, :]
+        return pid_m * BLOCK_M, offs_m, rows, count, offs_n, valid_n, out_mask
 
     @triton.jit
     def tail_rows(tokens_ptr, tile_start, offs_n, valid_n, M, GROUP_SIZE: tl.constexpr, PART: tl.constexpr):

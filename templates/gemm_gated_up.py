@@ -49,8 +49,7 @@ from __future__ import annotations
 import torch
 
 from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, next_pow2,
-                            output_group_columns, output_group_pids, output_group_rows, tail_part, tail_rows)
-from .folded_tiles import fold_flag, token_tile_programs
+                            output_group_tile, tail_part, tail_rows)
 from .group_gemm_tiles import load_token_rows, load_weight_pair, load_weight_tile
 from .tma_weights import pair_descriptor, use_tma, weight_descriptors
 from .tail_split import tail_split
@@ -58,8 +57,6 @@ from .tail_split import tail_split
 if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    from .folded_tiles import folded_tile_pair
 
     @triton.jit
     def _gated_up_rows(
@@ -142,46 +139,6 @@ if HAS_TRITON:
                  tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=h_ptr.dtype.element_ty), mask=rest)
 
     @triton.jit
-    def _gated_up_tile(
-        x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, g, pid_m, count, offs_n, valid_n, M, N, K,
-        GROUP_SIZE: tl.constexpr,
-        ACTIVATION: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        EVEN_N: tl.constexpr,
-        UPCAST: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-        USE_TMA: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr,
-        TAIL_SPLIT: tl.constexpr,
-        PAIRED: tl.constexpr,
-        UP_FIRST: tl.constexpr,
-    ):
-        """Token tile ``pid_m`` of group ``g``'s list on one n tile: zeros only when fully inactive, else the K loop
-        on the whole tile or (``TAIL_SPLIT``) on the part of a last tile that holds its active rows."""
-        tile_start, offs_m, rows, out_mask = output_group_rows(M, tokens_ptr, g, pid_m, valid_n, BLOCK_M)
-        part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
-        if tile_start >= count:  # fully inactive tile: zeros only
-            h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
-            tl.store(h_ptrs, tl.zeros((BLOCK_M, offs_n.shape[0]), dtype=h_ptr.dtype.element_ty), mask=out_mask)
-        elif part == BLOCK_M:
-            _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
-                           out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
-                           WARP_SPECIALIZE, PAIRED, UP_FIRST)
-        elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
-            if BLOCK_M // 2 >= 16:
-                _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
-                               rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, ACTIVATION, BLOCK_K,
-                               EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, PAIRED, UP_FIRST)
-        else:
-            if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
-                _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
-                               rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE, ACTIVATION,
-                               BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, PAIRED,
-                               UP_FIRST)
-
-    @triton.jit
     def _gated_up_gemm_kernel(
         x_ptr, wg_ptr, wu_ptr, h_ptr, tokens_ptr, counts_ptr, wg_desc, wu_desc,
         M, N, K,
@@ -200,26 +157,30 @@ if HAS_TRITON:
         WARP_SPECIALIZE: tl.constexpr,
         TAIL_SPLIT: tl.constexpr,
         ACTIVE_FIRST: tl.constexpr,
-        FOLD: tl.constexpr,
         PAIRED: tl.constexpr,
         UP_FIRST: tl.constexpr,
     ):
-        if FOLD:  # two mirrored token tiles per program (folded_tiles.py)
-            pid_m, pid_mirror, pid_n = folded_tile_pair(M, N, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, GROUP_N)
+        tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
+            M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N, ACTIVE_FIRST)
+        part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
+        if tile_start >= count:  # fully inactive tile: zeros only
+            h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
+        elif part == BLOCK_M:
+            _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
+                           out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                           WARP_SPECIALIZE, PAIRED, UP_FIRST)
+        elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
+            if BLOCK_M // 2 >= 16:
+                _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
+                               rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE, ACTIVATION, BLOCK_K,
+                               EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, PAIRED, UP_FIRST)
         else:
-            pid_m, pid_n = output_group_pids(M, N, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, GROUP_N,
-                                             ACTIVE_FIRST)
-            pid_mirror = pid_m
-        g, offs_n, valid_n = output_group_columns(pid_n, GROUP_SIZE, TILES_PER_GROUP, BLOCK_N)
-        count = tl.load(counts_ptr + g)
-        if FOLD:
-            if pid_mirror != pid_m:  # the later tile first: when it is zero-only its stores overlap the K loop below
-                _gated_up_tile(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, g, pid_mirror, count,
-                               offs_n, valid_n, M, N, K, GROUP_SIZE, ACTIVATION, BLOCK_M, BLOCK_K, EVEN_K, EVEN_N,
-                               UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, TAIL_SPLIT, PAIRED, UP_FIRST)
-        _gated_up_tile(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, g, pid_m, count, offs_n, valid_n,
-                       M, N, K, GROUP_SIZE, ACTIVATION, BLOCK_M, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION,
-                       USE_TMA, WARP_SPECIALIZE, TAIL_SPLIT, PAIRED, UP_FIRST)
+            if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
+                _gated_up_tail(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, tokens_ptr, tile_start, count, offs_m,
+                               rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE, ACTIVATION,
+                               BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, PAIRED,
+                               UP_FIRST)
 
 
 def default_config(num_tokens: int, group_size: int) -> dict:
@@ -259,8 +220,7 @@ def gated_up_gemm(
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     h = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     tiles_per_group = cdiv(group_size, block_n)
-    fold = fold_flag(cfg)
-    grid = (token_tile_programs(num_tokens, block_m, fold) * (n_dim // group_size) * tiles_per_group,)
+    grid = (cdiv(num_tokens, block_m) * (n_dim // group_size) * tiles_per_group,)
     tma = use_tma("gated_up_gemm", cfg, config, w_gate, w_up)
     pair = pair_descriptor(w_gate, w_up, block_n, block_k) if tma and cfg.get("PAIRED", True) else None
     if pair is not None:
@@ -284,8 +244,7 @@ def gated_up_gemm(
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
-        ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) and not fold else 0,
-        FOLD=fold,
+        ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) else 0,
         PAIRED=pair is not None,
         UP_FIRST=up_first,
         num_warps=cfg["num_warps"],

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton_utils import (HAS_TRITON, cdiv, interpreting, next_pow2, output_group_columns, output_group_pids,
-                            output_group_rows, sm_count, tail_part, tail_rows)
-from .folded_tiles import fold_flag, token_tile_programs
+from ._triton_utils import HAS_TRITON, cdiv, interpreting, next_pow2, output_group_tile, sm_count, tail_part, tail_rows
 from .group_gemm_tiles import load_token_rows, load_weight_tile
 from .rotary_epilogue import epilogue_ok
 from .tma_weights import use_tma, weight_descriptors
@@ -37,7 +35,6 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from .folded_tiles import folded_tile_pair
     from .rotary_epilogue import rotate_rows
 
     @triton.jit
@@ -102,47 +99,6 @@ if HAS_TRITON:
                  tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=y_ptr.dtype.element_ty), mask=rest)
 
     @triton.jit
-    def _output_group_tile(
-        x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, g, pid_m, count, offs_n, valid_n,
-        M, N, K,
-        GROUP_SIZE: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        ROTARY_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        EVEN_N: tl.constexpr,
-        UPCAST: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-        USE_TMA: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr,
-        TAIL_SPLIT: tl.constexpr,
-    ):
-        """Token tile ``pid_m`` of group ``g``'s list on one n tile: zeros only when fully inactive, else the K loop
-        on the whole tile or (``TAIL_SPLIT``) on the part of a last tile that holds its active rows."""
-        tile_start, offs_m, rows, out_mask = output_group_rows(M, tokens_ptr, g, pid_m, valid_n, BLOCK_M)
-        part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
-        if tile_start >= count:  # fully inactive tile: zeros only
-            y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
-            tl.store(y_ptrs, tl.zeros((BLOCK_M, offs_n.shape[0]), dtype=y_ptr.dtype.element_ty), mask=out_mask)
-        elif part == BLOCK_M:
-            _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, rows, offs_m, count,
-                               offs_n, valid_n, out_mask, N, K, HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST,
-                               DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
-        elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
-            if BLOCK_M // 2 >= 16:
-                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, tile_start,
-                                   count, offs_m, rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE,
-                                   HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
-                                   WARP_SPECIALIZE)
-        else:
-            if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
-                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, tile_start,
-                                   count, offs_m, rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE,
-                                   HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
-                                   WARP_SPECIALIZE)
-
-    @triton.jit
     def _output_groups_gemm_kernel(
         x_ptr, w_ptr, b_ptr, y_ptr, tokens_ptr, counts_ptr, w_desc, cos_ptr, sin_ptr,
         M, N, K, period,
@@ -162,25 +118,29 @@ if HAS_TRITON:
         WARP_SPECIALIZE: tl.constexpr,
         TAIL_SPLIT: tl.constexpr,
         ACTIVE_FIRST: tl.constexpr,
-        FOLD: tl.constexpr,
     ):
-        if FOLD:  # two mirrored token tiles per program (folded_tiles.py)
-            pid_m, pid_mirror, pid_n = folded_tile_pair(M, N, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, GROUP_N)
+        tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
+            M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N, ACTIVE_FIRST)
+        part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
+        if tile_start >= count:  # fully inactive tile: zeros only
+            y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
+        elif part == BLOCK_M:
+            _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, rows, offs_m, count,
+                               offs_n, valid_n, out_mask, N, K, HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST,
+                               DOT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+        elif part == BLOCK_M // 2:  # the group's last tile, at most half of it active
+            if BLOCK_M // 2 >= 16:
+                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, tile_start,
+                                   count, offs_m, rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 2, GROUP_SIZE,
+                                   HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                                   WARP_SPECIALIZE)
         else:
-            pid_m, pid_n = output_group_pids(M, N, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, GROUP_N,
-                                             ACTIVE_FIRST)
-            pid_mirror = pid_m
-        g, offs_n, valid_n = output_group_columns(pid_n, GROUP_SIZE, TILES_PER_GROUP, BLOCK_N)
-        count = tl.load(counts_ptr + g)
-        if FOLD:
-            if pid_mirror != pid_m:  # the later tile first: when it is zero-only its stores overlap the K loop below
-                _output_group_tile(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, g,
-                                   pid_mirror, count, offs_n, valid_n, M, N, K, GROUP_SIZE, HAS_BIAS, ROTARY_DIM,
-                                   BLOCK_M, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE,
-                                   TAIL_SPLIT)
-        _output_group_tile(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, g, pid_m, count,
-                           offs_n, valid_n, M, N, K, GROUP_SIZE, HAS_BIAS, ROTARY_DIM, BLOCK_M, BLOCK_K, EVEN_K,
-                           EVEN_N, UPCAST, DOT_PRECISION, USE_TMA, WARP_SPECIALIZE, TAIL_SPLIT)
+            if TAIL_SPLIT >= 4 and BLOCK_M // 4 >= 16:  # at most a quarter active
+                _output_group_tail(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, tokens_ptr, tile_start,
+                                   count, offs_m, rows, offs_n, valid_n, out_mask, M, N, K, BLOCK_M // 4, GROUP_SIZE,
+                                   HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
+                                   WARP_SPECIALIZE)
 
 
 def default_config(num_tokens: int, group_size: int, num_groups: int = 1, sms: int = 132) -> dict:
@@ -237,8 +197,7 @@ def output_groups_gemm(
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     tiles_per_group = cdiv(group_size, block_n)
-    fold = fold_flag(cfg)
-    grid = (token_tile_programs(num_tokens, block_m, fold) * (n_dim // group_size) * tiles_per_group,)
+    grid = (cdiv(num_tokens, block_m) * (n_dim // group_size) * tiles_per_group,)
     tma = use_tma("output_groups_gemm", cfg, config, weight)
     desc = weight_descriptors((weight,), block_n, block_k)[0] if tma else weight
     _output_groups_gemm_kernel[grid](
@@ -260,8 +219,7 @@ def output_groups_gemm(
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
-        ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) and not fold else 0,
-        FOLD=fold,
+        ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) else 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

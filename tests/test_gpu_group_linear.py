@@ -169,37 +169,6 @@ def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
         _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)
 
 
-@pytest.mark.parametrize("m", [1000, 4096, 4100])
-@pytest.mark.parametrize("kind", ["random", "all", "none", "clustered"])
-def test_group_gemms_fold_mirrored_tiles(weights, m, kind):
-    """``FOLD`` (two mirrored token tiles per program) in the prefill gate/up GEMM and the query projection's GEMM, at
-    their default tiles and with the other stage count: every output bit-equal to the one-tile-per-program kernel (the
-    same products per tile), inactive groups exactly 0. 4100 tokens: 33 token tiles, the middle one its own mirror."""
-    gen = torch.Generator(device="cuda").manual_seed(m + 7 * len(kind))
-    wg, wu = weights["gate"].to(torch.bfloat16), weights["up"].to(torch.bfloat16)
-    wq, bias = weights["q"].to(torch.bfloat16), weights["bias"].to(torch.bfloat16)
-    x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
-    mask = _mask(kind, m, INTER // FFN_GROUP, gen)
-    attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
-
-    def gated(cfg):
-        return gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemm", config=cfg,
-                               out=torch.full((m, INTER), float("nan"), dtype=torch.bfloat16, device="cuda"))
-
-    def query(cfg):
-        return output_group_linear(x, wq, attn_mask, ATTN_GROUP, bias, path="gemm", config=cfg,
-                                   out=torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
-
-    h_ref, q_ref = gated(None), query(None)
-    _check(h_ref, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu"), mask, FFN_GROUP)
-    for stages in (None, 3, 4):
-        cfg = {"FOLD": True} if stages is None else {"FOLD": True, "num_stages": stages}
-        h, q = gated(cfg), query(cfg)
-        assert torch.equal(h, h_ref), f"gate/up with {cfg} differs from one tile per program"
-        assert torch.equal(q, q_ref), f"query projection with {cfg} differs from one tile per program"
-    _check(q_ref, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)
-
-
 def _rope_tables(m: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim)
     angles = torch.arange(m, device="cuda").float()[:, None] * inv

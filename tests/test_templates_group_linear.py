@@ -16,7 +16,6 @@ from _interpreter import ensure_interpreted_triton
 
 _KERNEL_MODULES = (
     "wide_compile.templates._triton_utils",
-    "wide_compile.templates.folded_tiles",
     "wide_compile.templates.group_plan",
     "wide_compile.templates.group_gemm_tiles",
     "wide_compile.templates.gemm_output_groups",
@@ -288,45 +287,6 @@ def test_output_group_gemms_tail_split(k, m, kind):
         _check(y, ref.output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
     with pytest.raises(ValueError, match="TAIL_SPLIT must be one of"):
         lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config={"TAIL_SPLIT": 3})
-
-
-@pytest.mark.parametrize("m", [37, 70, 96])
-@pytest.mark.parametrize("kind", ["all", "none", "random", "counts"])
-def test_output_group_gemms_fold_mirrored_tiles(k, m, kind):
-    """``FOLD`` (two mirrored token tiles per program, half the grid): every tile written once, whatever the counts.
-    With 16-row tiles, 37 / 70 / 96 tokens give 3 / 5 / 6 tiles per group (an odd count has a middle tile that is
-    its own mirror); "counts" gives the groups 0-37 active tokens, so pairs of two active tiles, of one active and
-    one zero-only tile, and of two zero-only tiles all occur, and last tiles that ``TAIL_SPLIT`` runs on part of
-    their rows. ``ACTIVE_FIRST`` is ignored with it."""
-    gen = torch.Generator().manual_seed(m + 3 * len(kind))
-    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
-    d, gs, counts = 80, 16, (0, 1, 16, 17, 33, 37, 63, 96)
-    n = gs * len(counts)
-    x = torch.randn(m, d, generator=gen).to(dtype)
-    wg, wu = ((torch.randn(n, d, generator=gen) / 9).to(dtype) for _ in range(2))
-    if kind == "counts":
-        mask = torch.zeros(m, len(counts), dtype=torch.bool)
-        for g, c in enumerate(counts):
-            mask[torch.randperm(m, generator=gen)[: min(c, m)], g] = True
-    else:
-        mask = _mask(kind, m, len(counts), gen)
-    bias = torch.randn(n, generator=gen).to(dtype)
-    for cfg in ({"FOLD": True, "BLOCK_M": 16}, {"FOLD": True, "BLOCK_M": 16, "GROUP_N": 3, "ACTIVE_FIRST": True},
-                {"FOLD": True, "BLOCK_M": 32, "TAIL_SPLIT": 2, "TMA": True}, {"FOLD": True, "BLOCK_M": 64,
-                                                                             "TAIL_SPLIT": 4}):
-        h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config=cfg, out=_poisoned((m, n), dtype))
-        _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
-        y = lin.output_group_linear(x, wg, mask, gs, bias, path="gemm", config=cfg, out=_poisoned((m, n), dtype))
-        _check(y, ref.output_group_linear_reference(x, wg, mask, gs, bias), dtype, mask, gs)
-    with pytest.raises(ValueError, match="FOLD must be True or False"):
-        lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemm", config={"FOLD": 1})
-
-
-def test_folded_grid_has_one_program_per_pair_of_token_tiles():
-    from wide_compile.templates.folded_tiles import token_tile_programs
-
-    assert [token_tile_programs(m, 16, True) for m in (1, 16, 17, 48, 64)] == [1, 1, 1, 2, 2]
-    assert [token_tile_programs(m, 16, False) for m in (1, 16, 17, 48, 64)] == [1, 1, 2, 3, 4]
 
 
 def test_gated_up_gemm_default_asks_for_tma_and_falls_back(k, monkeypatch):
