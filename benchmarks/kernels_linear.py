@@ -472,7 +472,7 @@ def main() -> None:
     ap.add_argument("--sweep-input-moderate", action="store_true", help="time the input-group GEMV against cuBLAS "
                     "on the masked input at 32-256 tokens (down / o_proj)")
     ap.add_argument("--sweep-output-dense", action="store_true", help="time the query projection's GEMM against "
-                    "cuBLAS with the inactive outputs zeroed at 256-1024 tokens")
+                    "cuBLAS with the inactive outputs zeroed at 192-1024 tokens")
     ap.add_argument("--sweep-gated-wide-rows", action="store_true", help="time the fused gate/up GEMV with 128-row "
                     "tiles against its 64-row default at 32-64 tokens")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
