@@ -37,30 +37,25 @@ SPARSITIES = (0.0, 0.25, 0.5, 0.7)
 OTHER_TARGETS = (16, 4)  # programs per SM: 16 was the default before stop 27
 
 
-def candidates(batch_kv: int, kv_len: int, sms: int, targets=OTHER_TARGETS, prefetch=()) -> dict[str, tuple[int, dict]]:
-    """label -> (num_splits, launch config) for the default rule and each other programs-per-SM target; ``prefetch``:
-    also the default rule with its K/V blocks prefetched into L2 that many blocks ahead (label ``pf<n>``)."""
+def candidates(batch_kv: int, kv_len: int, sms: int) -> dict[str, tuple[int, dict]]:
+    """label -> (num_splits, launch config) for the default rule and each other programs-per-SM target."""
     out = {}
-    for label, pps in [("default", PROGRAMS_PER_SM)] + [(f"pps{p}", p) for p in targets]:
+    for label, pps in [("default", PROGRAMS_PER_SM)] + [(f"pps{p}", p) for p in OTHER_TARGETS]:
         splits, chunk = choose_num_splits(batch_kv, kv_len, torch.device("cuda"), programs_per_sm=pps)
         out[label] = (splits, decode_config(chunk, splits * batch_kv, sms))
-    for n in prefetch:
-        splits, cfg = out["default"]
-        out[f"pf{n}"] = (splits, dict(cfg, PREFETCH=n))
     return out
 
 
-def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms: int, baseline=None,
-                sparsities=SPARSITIES, targets=OTHER_TARGETS, prefetch=()) -> list[dict]:
+def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms: int, baseline=None) -> list[dict]:
     qs, ks, vs, _ = decode_inputs(batch, kv_len)
     copies = len(qs)
     outs = [torch.empty(batch, HQ, 1, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
-    rules = candidates(batch * HKV, kv_len, sms, targets, prefetch)
+    rules = candidates(batch * HKV, kv_len, sms)
     launchers = {label: launch_decode for label in rules}
     if baseline is not None:  # the default rule's launch through another version of the kernels (A/B of a change)
         rules["baseline"], launchers["baseline"] = rules["default"], baseline.launch_decode
     rows = []
-    for sp in sparsities:
+    for sp in SPARSITIES:
         mask = random_mask(batch, 1, sp, gen)
         dims = check_attention_inputs(qs[0], ks[0], vs[0], mask, True, None)
         ref = group_attention_reference(qs[0].float(), ks[0].float(), vs[0].float(), mask, causal=True)
@@ -99,23 +94,14 @@ def main() -> None:
                              "attention_decode.py in wide_compile/templates), timed as 'baseline' with the default rule")
     parser.add_argument("--shapes", default=None, help="B:S pairs, e.g. 16:4096,4:16384 (default: SHAPES)")
     parser.add_argument("--name", default="decode_split_rule.json")
-    parser.add_argument("--sparsities", default=None, help="comma-separated (default: 0, 0.25, 0.5, 0.7)")
-    parser.add_argument("--targets", default=None, help="other programs-per-SM rules to time, comma-separated "
-                        "(default: 16,4; 'none' for none)")
-    parser.add_argument("--prefetch", default="", help="also the default rule with L2 prefetch that many K/V blocks "
-                        "ahead, comma-separated (e.g. 2,4)")
     args = parser.parse_args()
-    sparsities = tuple(float(v) for v in args.sparsities.split(",")) if args.sparsities else SPARSITIES
-    targets = (() if args.targets == "none" else tuple(int(v) for v in args.targets.split(","))) if args.targets \
-        else OTHER_TARGETS
-    prefetch = tuple(int(v) for v in args.prefetch.split(",")) if args.prefetch else ()
     baseline = importlib.import_module(args.baseline_module) if args.baseline_module else None
     shapes = [tuple(int(v) for v in p.split(":")) for p in args.shapes.split(",")] if args.shapes else SHAPES
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows = []
     for batch, kv_len in shapes:
-        rows += bench_shape(batch, kv_len, args.rounds, gen, sms, baseline, sparsities, targets, prefetch)
+        rows += bench_shape(batch, kv_len, args.rounds, gen, sms, baseline)
         torch.cuda.empty_cache()  # the shape's q / K / V copies are gone with bench_shape's frame
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, args.name)

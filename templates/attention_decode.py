@@ -25,7 +25,6 @@ from ._triton_utils import sm_count
 from .attention_block import attend_block
 from .attention_checks import AttentionDims, allocate_output, check_attention_inputs, expand_attn_mask, interpreting
 from .dependent_launch import paired_pdl_launch, pdl_launch
-from .l2_prefetch import lines_per_row, prefetch_rows_l2
 
 __all__ = ["group_attention_decode", "MAX_DECODE_ROWS", "choose_num_splits"]
 
@@ -46,8 +45,7 @@ def _decode_split_kernel(
     num_kv_heads, q_len, kv_len, chunk, num_splits, heads_per_group, qk_scale,
     Q_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_AMASK: tl.constexpr, DIRECT_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr, PREFETCH: tl.constexpr = 0, PF_LINES: tl.constexpr = 1,
-    PF_LINE: tl.constexpr = 64,
+    BLOCK_N: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
         tl.extra.cuda.gdc_wait()
@@ -82,17 +80,8 @@ def _decode_split_kernel(
         l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
         acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
         am_rows = AMASK + b.to(tl.int64) * stride_ab + head.to(tl.int64) * stride_ah + tok * stride_at
-        if PREFETCH > 0:  # the key blocks the loop reaches first, into L2 (l2_prefetch.py)
-            for j in tl.static_range(1, PREFETCH):
-                pf = start + j * BLOCK_N + offs_n
-                prefetch_rows_l2(k_base, pf, pf < end, stride_ks, PF_LINES, PF_LINE)
-                prefetch_rows_l2(v_base, pf, pf < end, stride_vs, PF_LINES, PF_LINE)
         for start_n in range(start, end, BLOCK_N):
             cols = start_n + offs_n
-            if PREFETCH > 0:  # the block PREFETCH blocks ahead: more DRAM reads in flight than the smem pipeline holds
-                pf = cols + PREFETCH * BLOCK_N
-                prefetch_rows_l2(k_base, pf, pf < end, stride_ks, PF_LINES, PF_LINE)
-                prefetch_rows_l2(v_base, pf, pf < end, stride_vs, PF_LINES, PF_LINE)
             col_ok = cols < end
             valid = col_ok[None, :]
             if IS_CAUSAL:
@@ -313,11 +302,6 @@ def launch_decode(
     if config is None:
         sms = _device_sm_count(q.device)
         config = decode_config(chunk, num_splits * batch_kv, sms, dims.head_dim, q.element_size())
-    if config.get("PREFETCH", 0):
-        if interpreting() or amask is not None:
-            raise ValueError("group_attention_decode: PREFETCH needs a GPU and no explicit attention mask")
-        lines, line = lines_per_row(dims.head_dim, k.element_size())
-        config = dict(config, PF_LINES=lines, PF_LINE=line)
     # the reduction always follows the split launch: it may start during the split's last programs (stop 27)
     pdl, pdl_reduce = (pdl_launch(q.device), None) if direct else paired_pdl_launch(q.device)
     _decode_split_kernel[(num_splits, batch_kv)](*args, **meta, **config, **pdl)

@@ -177,20 +177,6 @@ def test_decode_matches_reference(batch, hq, hkv, groups, q_len, kv_len, head_di
     assert_matches(out, group_attention_reference(q, k, v, head_mask, causal=causal), head_mask, dtype)
 
 
-def test_decode_l2_prefetch_needs_a_gpu():
-    """``PREFETCH`` is inline PTX: under the interpreter the launcher refuses it instead of tracing it."""
-    from wide_compile.templates.attention_checks import check_attention_inputs
-    from wide_compile.templates.attention_decode import launch_decode
-
-    gen = torch.Generator().manual_seed(3)
-    q, k, v = make_inputs(1, 4, 2, 1, 70, 32, torch.float32, gen)
-    head_mask = make_mask("random", 1, 1, 2, gen)
-    dims = check_attention_inputs(q, k, v, head_mask, True, None)
-    with pytest.raises(ValueError, match="PREFETCH needs a GPU"):
-        launch_decode(q, k, v, head_mask, poisoned(1, 4, 1, 32, torch.float32), dims, True, 2,
-                      {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "PREFETCH": 2})
-
-
 @pytest.mark.parametrize("q_len,kv_len", [(3, 70), (37, 37)])  # decode and prefill dispatch
 def test_entry_point_merge_heads_strided_inputs_and_float_mask(q_len, kv_len):
     gen = torch.Generator().manual_seed(5)

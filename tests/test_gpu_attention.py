@@ -90,34 +90,6 @@ def test_decode_multi_token(dtype, q_len, splits):
     _check(out, group_attention_reference(q, k, v, mask), mask, dtype)
 
 
-@pytest.mark.parametrize("batch,kv_len,splits", [(16, 4096, None), (4, 8191, None), (1, 1000, None), (4, 8191, 1)])
-@pytest.mark.parametrize("prefetch", [2, 4])
-@pytest.mark.parametrize("mask_kind", ["random", "all"])
-def test_decode_l2_prefetch_changes_no_bit(batch, kv_len, splits, prefetch, mask_kind):
-    """``PREFETCH`` (K/V blocks prefetched into L2 ahead of the pipeline's loads) only moves bytes into L2 earlier:
-    outputs bit-equal to the kernel without it, ragged key counts included; refused with an explicit mask."""
-    from wide_compile.templates.attention_checks import check_attention_inputs
-    from wide_compile.templates.attention_decode import choose_num_splits, decode_config, launch_decode
-
-    q, k, v, mask = _inputs(batch, 1, kv_len, torch.bfloat16, mask_kind, seed=batch * kv_len + prefetch)
-    dims = check_attention_inputs(q, k, v, mask, True, None)
-    num_splits, chunk = choose_num_splits(batch * HKV, kv_len, q.device)
-    num_splits = num_splits if splits is None else splits
-    cfg = decode_config(chunk if splits is None else kv_len, num_splits * batch * HKV,
-                        torch.cuda.get_device_properties(0).multi_processor_count)
-    outs = []
-    for extra in ({}, {"PREFETCH": prefetch}):
-        out = torch.full_like(q, float("nan"))
-        launch_decode(q, k, v, mask, out, dims, True, num_splits, dict(cfg, **extra))
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-    _check(outs[1], group_attention_reference(q, k, v, mask), mask, torch.bfloat16)
-    amask = torch.ones(batch, 1, 1, kv_len, dtype=torch.bool, device="cuda")
-    with pytest.raises(ValueError, match="PREFETCH needs a GPU and no explicit attention mask"):
-        dims_m = check_attention_inputs(q, k, v, mask, False, None, amask)
-        launch_decode(q, k, v, mask, outs[1], dims_m, False, num_splits, dict(cfg, PREFETCH=prefetch), amask)
-
-
 def test_decode_replays_in_cuda_graph():
     q, k, v, mask = _inputs(4, 1, 4096, torch.bfloat16, "random", seed=3)
     out = torch.full_like(q, float("nan"))
