@@ -45,9 +45,9 @@ from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's dir
 )
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
-    gated_stage_sweeps, gated_wide_k_sweeps, gated_wide_rows_sweeps, gemv_tma_sweeps, half_tail_sweeps,
-    input_moderate_gemv_sweeps, input_split_sweeps, moderate_gemv_sweeps, moderate_tile_sweeps, output_dense_sweeps,
-    paired_sweeps, query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
+    gated_stage_sweeps, gated_wide_k_sweeps, gated_wide_rows_sweeps, half_tail_sweeps, input_moderate_gemv_sweeps,
+    input_split_sweeps, moderate_gemv_sweeps, moderate_tile_sweeps, output_dense_sweeps, paired_sweeps,
+    query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
 )
 from kernels_targets import linear_targets  # noqa: E402
 
@@ -475,8 +475,6 @@ def main() -> None:
                     "cuBLAS with the inactive outputs zeroed at 192-1024 tokens")
     ap.add_argument("--sweep-gated-wide-rows", action="store_true", help="time the fused gate/up GEMV with 128-row "
                     "tiles against its 64-row default at 32-64 tokens")
-    ap.add_argument("--sweep-gemv-tma", action="store_true", help="time the output-group GEMVs with TMA weight "
-                    "tiles against pointer loads at 1-64 tokens (kernels_linear_sweep_gemv_tma.json; --ms)")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -520,7 +518,6 @@ def main() -> None:
               "sweep_input_moderate": (with_ms(input_moderate_gemv_sweeps), "kernels_linear_sweep_input_moderate.json"),
               "sweep_output_dense": (with_ms(output_dense_sweeps), "kernels_linear_sweep_output_dense.json"),
               "sweep_gated_wide_rows": (with_ms(gated_wide_rows_sweeps), "kernels_linear_sweep_gated_wide_rows.json"),
-              "sweep_gemv_tma": (with_ms(gemv_tma_sweeps), "kernels_linear_sweep_gemv_tma.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

@@ -337,20 +337,3 @@ def output_dense_sweeps(ms: tuple = (192, 256, 512, 1024)) -> list:
     plan that needs) against cuBLAS on the whole weight with the inactive groups' outputs zeroed in one launch
     (``path="dense"``, ``templates/zero_groups.py``); ``kernels_linear_sweep_output_dense.json``."""
     return [("q_proj", m, mask, [dict(path="gemm"), dict(path="dense")]) for m in ms for mask in ("rand50", TRAINED)]
-
-
-def gemv_tma_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32, 64)) -> list:
-    """The output-group GEMVs (fused gate/up; the query projection at 2-16 tokens) with their weight tiles through TMA
-    descriptors (``TMA``: two instructions per stage instead of 16-24 ``cp.async`` per thread) against pointer loads,
-    at the default tiles; up to 16 tokens also TMA with 6 stages, at 32 with 5
-    (``kernels_linear_sweep_gemv_tma.json``)."""
-    out = []
-    for m in ms:
-        configs = [dict(path="gemv"), dict(path="gemv", TMA=True)]
-        if m <= 32:
-            configs.append(dict(path="gemv", TMA=True, num_stages=6 if m <= 16 else 5))
-        for mask in ("rand50", TRAINED) if m > 1 else ("rand50",):
-            out.append(("gate_up", m, mask, configs))
-        if 1 < m <= 16:
-            out.append(("q_proj", m, "rand50", [dict(path="gemv"), dict(path="gemv", TMA=True)]))
-    return out

@@ -29,7 +29,6 @@ from ._triton_utils import (
 from . import gemv_rows
 from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
-from .tma_weights import use_tma, weight_descriptors
 
 if HAS_TRITON:
     import triton
@@ -62,7 +61,7 @@ if HAS_TRITON:
     @triton.jit
     def _output_groups_gemv_kernel(
         x_ptr, w_ptr, w2_ptr, b_ptr, y_ptr, mask_ptr, ws_ptr, counter_ptr,
-        d0_ptr, d1_ptr, db0_ptr, db1_ptr, yd0_ptr, yd1_ptr, w_desc, w2_desc,
+        d0_ptr, d1_ptr, db0_ptr, db1_ptr, yd0_ptr, yd1_ptr,
         M, N, K, G, ND,
         GROUP_SIZE: tl.constexpr,
         TILES_PER_GROUP: tl.constexpr,
@@ -78,7 +77,6 @@ if HAS_TRITON:
         UPCAST: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         USE_GDC: tl.constexpr,
-        USE_TMA: tl.constexpr = False,
     ):
         if USE_GDC:  # programmatic dependent launch (dependent_launch.py): nothing read before this
             tl.extra.cuda.gdc_wait()
@@ -128,12 +126,8 @@ if HAS_TRITON:
             x_ptrs = x_ptr + offs_t[None, :] * K + (k_begin + offs_k)[:, None]
             acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
             acc2 = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
-            n_start = tl.min(offs_n, 0)  # the tile's first row (TMA coordinates; rows past the group are not stored)
             for k in range(k_begin, k_stop, BLOCK_K):
-                if USE_TMA:  # EVEN_K (the launcher's condition): every box lies inside this split's K range
-                    w = w_desc.load([n_start, k])
-                    xt = tl.load(x_ptrs, mask=valid_t[None, :], other=0.0)
-                elif EVEN_K:
+                if EVEN_K:
                     w = tl.load(w_ptrs)
                     xt = tl.load(x_ptrs, mask=valid_t[None, :], other=0.0)
                 else:
@@ -145,9 +139,7 @@ if HAS_TRITON:
                     xt = xt.to(tl.float32)
                 acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
                 if GATED:
-                    if USE_TMA:
-                        w2 = w2_desc.load([n_start, k])
-                    elif EVEN_K:
+                    if EVEN_K:
                         w2 = tl.load(w2_ptrs)
                     else:
                         w2 = tl.load(w2_ptrs, mask=k_ok[None, :], other=0.0)
@@ -361,12 +353,9 @@ def output_groups_gemv(
     block_t = _token_tile(num_tokens)
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, block_n, block_t) if split > 1 else (x, x)
-    even_k = k_dim % (block_k * split) == 0
-    tma = _gemv_tma(cfg, config, dense, even_k, weight, w_up if gated else weight)
-    descs = weight_descriptors((weight, w_up if gated else weight), block_n, block_k) if tma else (weight, weight)
     _output_groups_gemv_kernel[(tiles * split,)](
         x, weight, w_up if gated else weight, bias if bias is not None else x, y, mask_rows, ws, counters,
-        *gemv_rows.dense_sibling_args(dense, weight, bias, y, x), *descs,
+        *gemv_rows.dense_sibling_args(dense, weight, bias, y, x),
         num_tokens, n_dim, k_dim, n_dim // group_size, max(nd, 1),
         GROUP_SIZE=group_size,
         TILES_PER_GROUP=tiles_per_group,
@@ -378,29 +367,14 @@ def output_groups_gemv(
         BLOCK_T=block_t,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        EVEN_K=even_k,
+        EVEN_K=k_dim % (block_k * split) == 0,
         UPCAST=interpreting(),
         DOT_PRECISION=_dot_precision(x),
-        USE_TMA=tma,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **pdl_launch(x.device),
     )
     return y
-
-
-def _gemv_tma(cfg: dict, explicit: dict | None, dense: tuple, even_k: bool, *weights: torch.Tensor) -> bool:
-    """Whether the output-group GEMV loads its weight tiles through TMA descriptors (``cfg["TMA"]``): only without
-    dense siblings and with every split's K range a whole number of ``BLOCK_K`` steps (a box may not cross into the
-    next split's range); an explicit ``TMA=True`` where that does not hold raises."""
-    if not cfg.get("TMA", False):
-        return False
-    if dense or not even_k:
-        if (explicit or {}).get("TMA"):
-            raise ValueError("output_groups_gemv: config TMA=True needs no dense sibling linears and K a multiple of "
-                             "BLOCK_K x SPLIT")
-        return False
-    return use_tma("output_groups_gemv", cfg, explicit, *weights)
 
 
 SHORT_INPUT_MAX_K = 14336  # one token over at most this many input channels: one unsplit, deep program per 32 rows

@@ -169,30 +169,6 @@ def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
         _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)
 
 
-@pytest.mark.parametrize("m", [1, 2, 16, 33, 64])
-@pytest.mark.parametrize("kind", ["random", "all", "none", "clustered"])
-def test_output_gemvs_with_tma_weight_tiles(weights, m, kind):
-    """The fused gate/up GEMV and the query projection's GEMV (forced ``path="gemv"``) with weight tiles through TMA
-    descriptors, at their default tiles, splits and stages and with 6 / 5 stages: bit-equal to pointer loads."""
-    gen = torch.Generator(device="cuda").manual_seed(m + 5 * len(kind))
-    wg, wu = weights["gate"].to(torch.bfloat16), weights["up"].to(torch.bfloat16)
-    wq = weights["q"].to(torch.bfloat16)
-    x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
-    mask = _mask(kind, m, INTER // FFN_GROUP, gen)
-    attn_mask = _mask(kind, m, HIDDEN // ATTN_GROUP, gen)
-    h_ref = gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemv", config={"TMA": False})
-    q_ref = output_group_linear(x, wq, attn_mask, ATTN_GROUP, None, path="gemv", config={"TMA": False})
-    _check(h_ref, gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu"), mask, FFN_GROUP)
-    _check(q_ref, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, None), attn_mask, ATTN_GROUP)
-    for cfg in ({"TMA": True}, {"TMA": True, "num_stages": 6 if m <= 16 else 5 if m <= 32 else 4}):
-        h = gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemv", config=cfg,
-                            out=torch.full((m, INTER), float("nan"), dtype=torch.bfloat16, device="cuda"))
-        assert torch.equal(h, h_ref), f"gate/up GEMV with {cfg} differs from pointer loads"
-        q = output_group_linear(x, wq, attn_mask, ATTN_GROUP, None, path="gemv", config=cfg,
-                                out=torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda"))
-        assert torch.equal(q, q_ref), f"query GEMV with {cfg} differs from pointer loads"
-
-
 def _rope_tables(m: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim)
     angles = torch.arange(m, device="cuda").float()[:, None] * inv

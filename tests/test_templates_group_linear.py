@@ -546,33 +546,6 @@ def test_decode_output_config_splits_k_less_with_dense_siblings(k, monkeypatch):
     assert gemv.output_config(128, 4096, True)["BLOCK_N"] == 64  # 32-row tiles were slower in the model at one token
 
 
-@pytest.mark.parametrize("m", [1, 5, 40])
-@pytest.mark.parametrize("kind", ["all", "none", "random", "clustered"])
-def test_output_gemv_weight_tiles_through_tma(k, m, kind):
-    """``TMA`` in the output-group GEMV (gated and plain): the weight tiles come as descriptor boxes, rows past the
-    group read but never stored (group size 48 with 32-row tiles), K split in 2; the same outputs as pointer loads.
-    Refused (explicit) or skipped (default) where a box could cross a split's K range or dense siblings share the
-    launch."""
-    gen = torch.Generator().manual_seed(m + 11 * len(kind))
-    dtype, lin, ref = torch.float16, k["group_linear"], k["ref"]
-    d, gs, g = 256, 48, 5
-    n = gs * g
-    x = torch.randn(m, d, generator=gen).to(dtype)
-    wg, wu = ((torch.randn(n, d, generator=gen) / 9).to(dtype) for _ in range(2))
-    mask = _mask(kind, m, g, gen)
-    for cfg in ({"TMA": True}, {"TMA": True, "SPLIT": 2}):
-        plain = dict(cfg, TMA=False)
-        h = lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemv", config=cfg, out=_poisoned((m, n), dtype))
-        _check(h, ref.gated_up_groups_reference(x, wg, wu, mask, gs, "silu"), dtype, mask, gs)
-        assert torch.equal(h, lin.gated_up_groups(x, wg, wu, mask, gs, "silu", path="gemv", config=plain))
-        y = lin.output_group_linear(x, wg, mask, gs, None, path="gemv", config=cfg, out=_poisoned((m, n), dtype))
-        _check(y, ref.output_group_linear_reference(x, wg, mask, gs, None), dtype, mask, gs)
-        assert torch.equal(y, lin.output_group_linear(x, wg, mask, gs, None, path="gemv", config=plain))
-    with pytest.raises(ValueError, match="TMA=True needs no dense sibling linears and K a multiple"):
-        lin.gated_up_groups(x[:, :200], wg[:, :200].contiguous(), wu[:, :200].contiguous(), mask, gs, "silu",
-                            path="gemv", config={"TMA": True})
-
-
 def test_decode_configs_at_one_token(k, monkeypatch):
     """One token (H200, kernels_linear_sweep_small_k_decode.json, gemv_fixed_cost.json): the query projection alone
     splits K in 4 with 6 stages; the output projection (8 groups of 512, 4096 rows) and the down projection (112
