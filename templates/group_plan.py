@@ -30,6 +30,7 @@ import torch
 
 from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, next_pow2
 from .dependent_launch import pdl_launch
+from .group_lists_two_pass import group_token_lists_two_pass, use_two_pass
 from .list_scan import scan_launch
 
 DECODE_MAX_TOKENS = 16
@@ -210,14 +211,19 @@ def tile_group_lists_torch(
 
 # ----------------------------------------------------------------------------------------- builders
 def _group_token_lists(m: torch.Tensor, scan: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scan``: ``{"max_block": ..., "num_warps": ...}`` overrides of :func:`list_scan.scan_launch` (benchmarks)."""
+    """``scan``: ``{"max_block": ..., "num_warps": ...}`` overrides of :func:`list_scan.scan_launch`, or
+    ``{"two_pass": bool, "tile_elements": int}`` to force / forbid the chunked build and size its chunks (benchmarks,
+    tests); by default the chunked build runs where ``group_lists_two_pass.use_two_pass`` says it is faster."""
     if not can_run_triton(m):
         return group_token_lists_torch(m)
     num_tokens, num_groups = m.shape
+    scan = dict(scan or {})
+    if scan.pop("two_pass", use_two_pass(num_tokens, num_groups)):
+        return group_token_lists_two_pass(m, *([scan["tile_elements"]] if "tile_elements" in scan else []))
     tokens = torch.empty(num_groups, num_tokens, dtype=torch.int32, device=m.device)
     counts = torch.empty(num_groups, dtype=torch.int32, device=m.device)
     _group_token_lists_kernel[(num_groups,)](m, tokens, counts, num_tokens, num_groups,
-                                             **scan_launch(num_tokens, **(scan or {})))
+                                             **scan_launch(num_tokens, **scan))
     return tokens, counts
 
 

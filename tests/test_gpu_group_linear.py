@@ -278,6 +278,24 @@ def test_plan_tables_on_gpu():
     assert torch.equal(small.union_groups[: union.numel()], union)
 
 
+@pytest.mark.parametrize(("m", "g"), [(2048, 8), (8192, 112), (16385, 8), (20000, 112)])
+@pytest.mark.parametrize("kind", ["random", "all", "none", "float"])
+def test_two_pass_token_lists_on_gpu(m, g, kind):
+    """The per-group token lists of long prompts (the two-pass build, ``group_lists_two_pass``) equal the one-kernel
+    build's entry for entry, on the GPU, ragged token counts and float router masks included."""
+    from wide_compile.templates.group_plan import _group_token_lists, mask_rows
+
+    gen = torch.Generator(device="cuda").manual_seed(m + g)
+    mask = torch.rand(m, g, generator=gen, device="cuda") < 0.5
+    if kind in ("all", "none"):
+        mask.fill_(kind == "all")
+    rows = mask_rows(mask.float() if kind == "float" else mask)
+    tokens, counts = _group_token_lists(rows, {"two_pass": True})
+    one_tokens, one_counts = _group_token_lists(rows, {"two_pass": False})
+    assert torch.equal(counts, one_counts) and torch.equal(counts, mask.sum(0, dtype=torch.int32))
+    assert torch.equal(tokens, one_tokens)
+
+
 def test_auto_input_path_on_many_tokens(weights):
     """M=8192: "auto" takes the skipping GEMM for clustered masks with a pre-masked input, cuBLAS else."""
     from wide_compile.templates import group_linear as gl

@@ -16,6 +16,7 @@ from _interpreter import ensure_interpreted_triton
 
 _KERNEL_MODULES = (
     "wide_compile.templates._triton_utils",
+    "wide_compile.templates.group_lists_two_pass",
     "wide_compile.templates.group_plan",
     "wide_compile.templates.group_gemm_tiles",
     "wide_compile.templates.gemm_output_groups",
@@ -392,6 +393,56 @@ def test_plan_tables_match_torch_versions(k, m):
     union = mask.any(0).nonzero().flatten().to(torch.int32)
     assert int(plan.union_count[0]) == union.numel()
     assert torch.equal(plan.union_groups[: union.numel()], union)
+
+
+@pytest.mark.parametrize(("m", "g"), [(5, 3), (37, 112), (300, 8), (1000, 5), (130, 130), (2049, 16)])
+@pytest.mark.parametrize("kind", ["all", "none", "random", "random_bf16"])
+def test_two_pass_group_token_lists_equal_the_one_kernel_build(k, m, g, kind):
+    """The chunked two-pass build of the per-group token lists (``group_lists_two_pass``) gives the one-kernel build's
+    tables entry for entry (active tokens ascending, inactive ones from the back), for ragged token counts, group
+    counts past a power of two and several chunks (2049 tokens of 16 groups: 65 chunks of 32, the last of one token);
+    every list is a permutation of the tokens."""
+    gp = k["group_plan"]
+    gen = torch.Generator().manual_seed(m * 7 + g + len(kind))
+    rows = gp.mask_rows(_mask(kind, m, g, gen))
+    one_tokens, one_counts = gp._group_token_lists(rows, {"two_pass": False})
+    tokens, counts = gp._group_token_lists(rows, {"two_pass": True})
+    assert torch.equal(counts, one_counts)
+    assert torch.equal(tokens, one_tokens)
+    assert torch.equal(tokens.sort(dim=1).values, torch.arange(m, dtype=torch.int32).expand(g, m))
+    torch_tokens, torch_counts = gp.group_token_lists_torch(gp.mask_to_u8(rows))
+    assert torch.equal(counts, torch_counts)
+    for grp in range(g):
+        assert torch.equal(tokens[grp, : int(counts[grp])], torch_tokens[grp, : int(counts[grp])])
+
+
+def test_two_pass_build_is_the_default_for_long_lists(k, monkeypatch):
+    """From 2048 tokens and 64 tokens per group the plan's token lists come from the two-pass build (H200:
+    results/kernels_group_lists_two_pass.json), below from the one-kernel build; the tables are the same."""
+    gp = k["group_plan"]
+    from wide_compile.templates.group_lists_two_pass import use_two_pass
+
+    assert [use_two_pass(m, 8) for m in (1024, 2047, 2048, 16384)] == [False, False, True, True]
+    assert [use_two_pass(m, 112) for m in (4096, 7167, 7168, 16384)] == [False, False, True, True]
+    calls = []
+    monkeypatch.setattr(gp, "group_token_lists_two_pass", lambda m, *a: calls.append(m.shape) or ("two", "pass"))
+    gen = torch.Generator().manual_seed(1)
+    assert gp._group_token_lists(gp.mask_rows(_mask("random", 2048, 8, gen))) == ("two", "pass")
+    tokens, counts = gp._group_token_lists(gp.mask_rows(_mask("random", 2048, 112, gen)))
+    assert calls == [(2048, 8)] and tokens.shape == (112, 2048)
+
+
+def test_two_pass_chunks_keep_their_tile_small():
+    """About 128 chunks where a chunk's [CHUNK, next_pow2(G)] tile stays within TILE_ELEMENTS; never below
+    MIN_CHUNK."""
+    from wide_compile.templates._triton_utils import next_pow2
+    from wide_compile.templates.group_lists_two_pass import MIN_CHUNK, TILE_ELEMENTS, chunk_size
+
+    assert [chunk_size(m, 112) for m in (100, 4096, 16384, 65536)] == [16, 32, 32, 32]
+    assert [chunk_size(m, 8) for m in (100, 4096, 16384, 65536)] == [16, 32, 128, 512]
+    for m in (1, 4096, 1 << 20):
+        for g in (1, 8, 112, 1000):
+            assert chunk_size(m, g) == MIN_CHUNK or chunk_size(m, g) * next_pow2(g) <= TILE_ELEMENTS
 
 
 def test_cpu_without_interpreter_uses_reference(k, monkeypatch):
