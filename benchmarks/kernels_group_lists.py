@@ -3,8 +3,9 @@
 Times ``group_plan._group_token_lists`` (per-group token lists of the gate/up and query GEMMs: 112 FFN groups, 8
 attention groups) and ``attention_compact.compact_active_rows`` (the prefill attention's row order, 8 groups) on 50%
 random float masks, for each ``BLOCK`` cap and warp count, and the token lists also in two chunked passes
-(``group_lists_two_pass``); each configuration's tables are checked against the default's. µs per call: median CUDA-graph replay of 8 calls on distinct masks back to back (the masks are small and
-stay in L2, as the router's freshly written mask does in the model).
+(``group_lists_two_pass``); each configuration's tables are checked against the default's. µs per call: median
+CUDA-graph replay of 8 calls on distinct masks back to back (the masks are small and stay in L2, as the router's
+freshly written mask does in the model).
 
 Usage: ``python3 benchmarks/kernels_group_lists.py [--out DIR] [--tokens 1024,4096,16384] [--two-pass-only]
 [--name kernels_group_lists.json]``

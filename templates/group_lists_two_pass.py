@@ -97,7 +97,8 @@ def chunk_size(num_tokens: int, num_groups: int, tile_elements: int = TILE_ELEME
     return min(cap, max(MIN_CHUNK, next_pow2(cdiv(num_tokens, TARGET_CHUNKS))))
 
 
-def group_token_lists_two_pass(m: torch.Tensor, tile_elements: int = TILE_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+def group_token_lists_two_pass(m: torch.Tensor,
+                               tile_elements: int = TILE_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens[G, M], counts[G])`` of the contiguous ``[M, G]`` mask rows ``m`` (nonzero = active), in two launches
     (CUDA, or the interpreter); ``tile_elements``: see :func:`chunk_size` (benchmarks)."""
     num_tokens, num_groups = m.shape

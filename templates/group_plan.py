@@ -30,7 +30,7 @@ import torch
 
 from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, next_pow2
 from .dependent_launch import pdl_launch
-from .group_lists_two_pass import group_token_lists_two_pass, use_two_pass
+from .group_lists_two_pass import TILE_ELEMENTS, group_token_lists_two_pass, use_two_pass
 from .list_scan import scan_launch
 
 DECODE_MAX_TOKENS = 16
@@ -219,7 +219,7 @@ def _group_token_lists(m: torch.Tensor, scan: dict | None = None) -> tuple[torch
     num_tokens, num_groups = m.shape
     scan = dict(scan or {})
     if scan.pop("two_pass", use_two_pass(num_tokens, num_groups)):
-        return group_token_lists_two_pass(m, *([scan["tile_elements"]] if "tile_elements" in scan else []))
+        return group_token_lists_two_pass(m, scan.get("tile_elements", TILE_ELEMENTS))
     tokens = torch.empty(num_groups, num_tokens, dtype=torch.int32, device=m.device)
     counts = torch.empty(num_groups, dtype=torch.int32, device=m.device)
     _group_token_lists_kernel[(num_groups,)](m, tokens, counts, num_tokens, num_groups,
