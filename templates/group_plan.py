@@ -19,7 +19,8 @@ kernels need. Which tables are built depends on the path the ops will take:
   (``union_groups[:union_count]``), so GEMVs read only those weight rows/columns.
 
 On CUDA (or under ``TRITON_INTERPRET=1``) the tables are built by small Triton kernels (one launch per
-table, no host synchronisation, so the plan can be captured in a CUDA graph); elsewhere by PyTorch ops.
+table, two for the token lists of long prompts: ``group_lists_two_pass``; no host synchronisation, so the plan
+can be captured in a CUDA graph); elsewhere by PyTorch ops.
 Entries past a count are unspecified and never read.
 """
 from __future__ import annotations

@@ -418,7 +418,8 @@ def test_two_pass_group_token_lists_equal_the_one_kernel_build(k, m, g, kind):
 
 def test_two_pass_build_is_the_default_for_long_lists(k, monkeypatch):
     """From 2048 tokens and 64 tokens per group the plan's token lists come from the two-pass build (H200:
-    results/kernels_group_lists_two_pass.json), below from the one-kernel build; the tables are the same."""
+    results/kernels_group_lists_two_pass.json), below from the one-kernel build (the test above compares the
+    tables the two builds give)."""
     gp = k["group_plan"]
     from wide_compile.templates.group_lists_two_pass import use_two_pass
 
