@@ -1,9 +1,9 @@
 """The per-list scans of a prefill: step size and warps (``templates/list_scan.py``), H200.
 
 Times ``group_plan._group_token_lists`` (per-group token lists of the gate/up and query GEMMs: 112 FFN groups, 8
-attention groups) and ``attention_compact.compact_active_rows`` (the prefill attention's row order, 8 groups) on 50%
-random float masks, for each ``BLOCK`` cap and warp count, and the token lists also in two chunked passes
-(``group_lists_two_pass``); each configuration's tables are checked against the default's. µs per call: median
+attention groups) and ``attention_compact.compact_active_rows`` (the prefill attention's row order of one sequence, 8
+groups) on 50% random float masks, for each ``BLOCK`` cap and warp count of the one-kernel build, and in two chunked
+passes (``group_lists_two_pass``); each configuration's tables are checked against the default's. µs per call: median
 CUDA-graph replay of 8 calls on distinct masks back to back (the masks are small and stay in L2, as the router's
 freshly written mask does in the model).
 
@@ -34,12 +34,15 @@ COPIES = 8
 
 
 def configs(tokens: int, kind: str = "lists", two_pass_only: bool = False) -> list[dict]:
-    """The one-kernel build's step caps and warps (not with ``two_pass_only``), and for the token lists the chunked
-    two-pass build (``group_lists_two_pass``) with 4096- and 8192-element chunk tiles."""
-    one = [] if two_pass_only else [dict(max_block=cap, num_warps=w) for cap in CAPS for w in WARPS
-                                    if cap <= max(1024, 2 * tokens)]
-    two = [dict(two_pass=True, tile_elements=t) for t in (4096, 8192)] if kind == "lists" else []
-    return one + two
+    """The one-kernel build's step caps and warps (with ``two_pass_only`` only its default step), and the chunked
+    two-pass build (``group_lists_two_pass``) with 4096-element chunk tiles (the token lists also with 8192); the
+    compaction builds one sequence's order with it since stop 35."""
+    if two_pass_only:
+        one = [dict(two_pass=False)]
+    else:
+        one = [dict(max_block=cap, num_warps=w, two_pass=False) for cap in CAPS for w in WARPS
+               if cap <= max(1024, 2 * tokens)]
+    return one + [dict(two_pass=True, tile_elements=t) for t in ((4096, 8192) if kind == "lists" else (4096,))]
 
 
 def sweep(tokens: int, groups: int, kind: str, gen: torch.Generator, two_pass_only: bool = False) -> list[dict]:
@@ -71,8 +74,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tokens", default="1024,4096,16384")
-    parser.add_argument("--two-pass-only", action="store_true", help="time only the default and the chunked "
-                        "two-pass build of the token lists (and the compaction's default)")
+    parser.add_argument("--two-pass-only", action="store_true", help="time only the one-kernel build at its "
+                        "default step and the chunked two-pass build, of the token lists and of the compaction")
     parser.add_argument("--name", default="kernels_group_lists.json")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)

@@ -47,6 +47,7 @@ from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
     gated_stage_sweeps, gated_wide_k_sweeps, gated_wide_rows_sweeps, half_tail_sweeps, input_moderate_gemv_sweeps,
     input_split_sweeps, moderate_gemv_sweeps, moderate_tile_sweeps, output_dense_sweeps, paired_sweeps,
+    prefill_order_focus_sweeps, prefill_order_sweeps,
     query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
 )
 from kernels_targets import linear_targets  # noqa: E402
@@ -475,6 +476,10 @@ def main() -> None:
                     "cuBLAS with the inactive outputs zeroed at 192-1024 tokens")
     ap.add_argument("--sweep-gated-wide-rows", action="store_true", help="time the fused gate/up GEMV with 128-row "
                     "tiles against its 64-row default at 32-64 tokens")
+    ap.add_argument("--sweep-prefill-order", action="store_true", help="time the prefill gate/up and query GEMMs' "
+                    "program orders (GROUP_N, ACTIVE_FIRST) and pipeline depths in one call")
+    ap.add_argument("--sweep-prefill-order-focus", action="store_true", help="time the orders the prefill-order "
+                    "sweep found ahead at 4096 tokens, at 2048-8192 tokens")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -518,6 +523,9 @@ def main() -> None:
               "sweep_input_moderate": (with_ms(input_moderate_gemv_sweeps), "kernels_linear_sweep_input_moderate.json"),
               "sweep_output_dense": (with_ms(output_dense_sweeps), "kernels_linear_sweep_output_dense.json"),
               "sweep_gated_wide_rows": (with_ms(gated_wide_rows_sweeps), "kernels_linear_sweep_gated_wide_rows.json"),
+              "sweep_prefill_order": (with_ms(prefill_order_sweeps), "kernels_linear_sweep_prefill_order.json"),
+              "sweep_prefill_order_focus": (with_ms(prefill_order_focus_sweeps),
+                                            "kernels_linear_sweep_prefill_order_focus.json"),
               "sweep": (lambda: None, "kernels_linear_sweep.json")}
     chosen = [key for key in sweeps if getattr(args, key)]
     if chosen:

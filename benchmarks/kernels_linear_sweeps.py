@@ -337,3 +337,45 @@ def output_dense_sweeps(ms: tuple = (192, 256, 512, 1024)) -> list:
     plan that needs) against cuBLAS on the whole weight with the inactive groups' outputs zeroed in one launch
     (``path="dense"``, ``templates/zero_groups.py``); ``kernels_linear_sweep_output_dense.json``."""
     return [("q_proj", m, mask, [dict(path="gemm"), dict(path="dense")]) for m in ms for mask in ("rand50", TRAINED)]
+
+
+def prefill_order_sweeps(ms: tuple = (16384, 4096)) -> list:
+    """The two prefill output-group GEMMs (gate/up: 112 groups of 128; query projection: 8 groups of 512) at their
+    default tiles against other program orders (``GROUP_N`` groups of n tiles side by side while the token tiles
+    sweep, so that concurrently running programs share weight tiles and token rows in L2), ``ACTIVE_FIRST`` toggled
+    and the other pipeline depth, in one call (earlier sweeps compared some of these only across calls, whose clocks
+    differ by up to 15%; ``kernels_linear_sweep_prefill_order.json``)."""
+    from wide_compile.templates.gemm_gated_up import default_config
+
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
+    def variants(base: dict, group_ns: tuple) -> list:
+        other_stages = 4 if base["num_stages"] == 3 else 3
+        return ([base, dict(base, num_stages=other_stages), dict(base, ACTIVE_FIRST=not base.get("ACTIVE_FIRST"))]
+                + [dict(base, GROUP_N=n) for n in group_ns])
+
+    gs, q_gs = OPS["gate_up"]["gs"], OPS["q_proj"]["gs"]
+    q_groups = OPS["q_proj"]["N"] // q_gs
+    return ([("q_proj", m, "rand50", variants(q_default(m, q_gs, q_groups), (2, 4, 16))) for m in ms]
+            + [("gate_up", m, "rand50", variants(default_config(m, gs), (4, 16, 32))) for m in ms])
+
+
+def prefill_order_focus_sweeps(ms: tuple = (4096, 2048, 8192)) -> list:
+    """The orders that ``prefill_order_sweeps`` found ahead at 4096 tokens, around that length: the query
+    projection's GEMM with ``ACTIVE_FIRST`` and ``GROUP_N`` 4, the gate/up GEMM with ``GROUP_N`` 4 and 16
+    (``kernels_linear_sweep_prefill_order_focus.json``)."""
+    from wide_compile.templates.gemm_gated_up import default_config
+
+    from wide_compile.templates.gemm_output_groups import default_config as q_default
+
+    gs, q_gs = OPS["gate_up"]["gs"], OPS["q_proj"]["gs"]
+    q_groups = OPS["q_proj"]["N"] // q_gs
+    sweeps = []
+    for m in ms:
+        q = q_default(m, q_gs, q_groups)
+        g = default_config(m, gs)
+        sweeps.append(("q_proj", m, "rand50", [q, dict(q, ACTIVE_FIRST=True), dict(q, ACTIVE_FIRST=True, GROUP_N=4),
+                                               dict(q, GROUP_N=4)]))
+        sweeps.append(("gate_up", m, "rand50", [g, dict(g, GROUP_N=4), dict(g, GROUP_N=4, ACTIVE_FIRST=False),
+                                                dict(g, GROUP_N=16)]))
+    return sweeps

@@ -9,7 +9,9 @@ sanitizer run that computes garbage would be no check). Paths: the decode GEMVs 
 with two dense linears in the same launch), the prefill GEMMs with
 token reordering, the fused gate/up, the input-group GEMM, the router decision (decode split, tensor-core split,
 W_in's parts made once),
-mask extents, and attention prefill (causal, explicit mask: both passes) and decode (split-KV, explicit mask); and
+mask extents, and attention prefill (causal, explicit mask: both passes) and decode (split-KV, explicit mask); the
+two-pass per-group token lists and row order of long prompts (from 2048 tokens: the prefill GEMMs at 2100 / 4133
+tokens with bool and bf16 masks, one 4100-token sequence's attention on a strided mask); and
 one sequence's shared row order (``wide::group_rows``): the query GEMM walking it as its lists with the rotary
 epilogue, the prefill attention walking it as its row order.
 Prints one line per case and exits 1 if a result is wrong (compute-sanitizer's own exit code reports accesses).
@@ -26,7 +28,7 @@ from wide_compile.templates import (
     group_attention_reference, input_group_linear, input_group_linear_reference, output_group_linear,
     output_group_linear_reference,
 )
-from wide_compile.templates.attention_compact import compact_active_rows
+from wide_compile.templates.attention_compact import compact_active_rows, compact_active_rows_reference
 from wide_compile.templates.attention_mask_extents import mask_extents, mask_extents_reference
 from wide_compile.templates.group_plan import plan_from_row_order
 from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
@@ -108,6 +110,24 @@ def linear_cases(gen, tokens_list) -> list[bool]:
         fmask = mask.to(torch.bfloat16)  # the routers' masks: bf16 0 / 1, read by the row kernel as int16 bits
         out.append(_close("input_group_linear M=1, 2100 rows (row kernel, bf16 mask)",
                           input_group_linear(h, w_in, fmask, big), input_group_linear_reference(h, w_in, fmask, big)))
+        out += two_pass_list_cases(gen, w, wg, wu, gs)
+    return out
+
+
+def two_pass_list_cases(gen, w, wg, wu, gs) -> list[bool]:
+    """Prefill GEMMs on long ragged prompts, whose per-group token lists take the two-pass build
+    (``group_lists_two_pass``: from 2048 tokens with at least 64 per group), with bool and bf16 0 / 1 masks."""
+    out = []
+    for m in (2100, 4133):
+        x = _randn(m, w.shape[1], gen=gen)
+        om = _rand(m, w.shape[0] // gs, gen=gen) < 0.5
+        for name, mask in (("bool", om), ("bf16", om.to(torch.bfloat16))):
+            out.append(_close(f"output_group_linear M={m} two-pass lists, {name} mask",
+                              output_group_linear(x, w, mask, gs, path="gemm"),
+                              output_group_linear_reference(x, w, om, gs)))
+            out.append(_close(f"gated_up_groups M={m} two-pass lists, {name} mask",
+                              gated_up_groups(x, wg, wu, mask, gs, path="gemm"),
+                              gated_up_groups_reference(x, wg, wu, om, gs)))
     return out
 
 
@@ -168,6 +188,16 @@ def attention_cases(gen) -> list[bool]:
         out.append(_close(f"decode explicit mask T={t} S={s}",
                           group_attention_decode(q, k, v, hm, causal=False, num_splits=4, attn_mask=amask),
                           group_attention_reference(q, k, v, hm, causal=False, attn_mask=amask)))
+    t = 4100  # one long sequence: its row order from the two-pass build, on a strided slice of a packed mask
+    q, k, v = _randn(1, hq, t, d, gen=gen), _randn(1, hkv, t, d, gen=gen), _randn(1, hkv, t, d, gen=gen)
+    hm = (_rand(1, t, 2 * groups, gen=gen) < 0.5).to(DT)[..., ::2]
+    order, count = compact_active_rows(hm)
+    ok = all(torch.equal(a, b) for a, b in zip((order, count), compact_active_rows_reference(hm)))
+    print(f"{'ok  ' if ok else 'FAIL'} compact_active_rows T={t}, one sequence (two passes)", flush=True)
+    out.append(ok)
+    out.append(_close(f"prefill causal T={t}, one sequence (two-pass row order)",
+                      group_attention_prefill(q, k, v, hm, causal=True),
+                      group_attention_reference(q, k, v, hm, causal=True)))
     return out
 
 

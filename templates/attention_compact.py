@@ -4,6 +4,14 @@
 order, followed by the inactive ones (in descending order; the prefill kernel only writes zeros through those).
 ``count[b, g]`` is the number of active tokens. One Triton program per (batch, group) scans the mask once with a
 running prefix sum, so the whole step is a single launch (the PyTorch version below takes about ten).
+
+One long sequence (from ``TWO_PASS_MIN_TOKENS`` tokens) takes the chunked two-pass build of the prefill GEMMs' token
+lists instead (``group_lists_two_pass``), whose lists for one sequence are this order entry for entry: one program
+per group walks all the tokens one step after another, the two passes spread them over token chunks. H200, 8 groups,
+one sequence, µs, one program per group / two passes (``benchmarks/kernels_group_lists.py --two-pass-only``,
+``benchmarks/results/kernels_group_lists_two_pass_compact.json``): 1024 tokens 2.70 / 3.31, 2048 2.90 / 3.71, 4096
+3.90 / 3.87, 8192 6.24 / 3.91, 16384 10.98 / 5.44, 32768 20.68 / 7.88. (This scan is faster than the GEMM lists'
+one-kernel build below 4096 tokens, so the switch comes later than there.)
 """
 
 from __future__ import annotations
@@ -12,10 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .group_lists_two_pass import TILE_ELEMENTS, group_token_lists_two_pass, use_two_pass
 from .list_scan import scan_launch
 from .row_order import check_row_order, compact_active_rows_reference
 
 __all__ = ["check_row_order", "compact_active_rows", "compact_active_rows_reference"]
+
+TWO_PASS_MIN_TOKENS = 4096  # one sequence from this many tokens: the two-pass build (see the table above)
 
 
 @triton.jit
@@ -42,13 +53,24 @@ def _compact_kernel(
 
 def compact_active_rows(head_mask: torch.Tensor, scan: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(order[B, G, T] int32, count[B, G] int32)`` for ``head_mask[B, T, G]`` (nonzero = active).
-    ``scan``: ``{"max_block": ..., "num_warps": ...}`` overrides of :func:`list_scan.scan_launch` (benchmarks)."""
+
+    ``scan``: ``{"max_block": ..., "num_warps": ...}`` overrides of :func:`list_scan.scan_launch`, or
+    ``{"two_pass": bool, "tile_elements": int}`` to force / forbid the two-pass build of one sequence (benchmarks,
+    tests); by default it runs for one sequence of at least ``TWO_PASS_MIN_TOKENS`` tokens (and, as for the GEMM
+    lists, ``use_two_pass``: at least 64 per group)."""
     batch, q_len, groups = head_mask.shape
     mask = head_mask.view(torch.uint8) if head_mask.dtype == torch.bool else head_mask
+    scan = dict(scan or {})
+    tile_elements = scan.pop("tile_elements", TILE_ELEMENTS)
+    if scan.pop("two_pass", batch == 1 and q_len >= TWO_PASS_MIN_TOKENS and use_two_pass(q_len, groups)):
+        if batch != 1:
+            raise ValueError(f"compact_active_rows: the two-pass build orders one sequence, got a batch of {batch}")
+        order, count = group_token_lists_two_pass(mask[0], tile_elements)
+        return order.unsqueeze(0), count.unsqueeze(0)
     order = torch.empty((batch, groups, q_len), dtype=torch.int32, device=head_mask.device)
     count = torch.empty((batch, groups), dtype=torch.int32, device=head_mask.device)
     _compact_kernel[(batch * groups,)](
         mask, order, count, mask.stride(0), mask.stride(1), mask.stride(2), groups, q_len,
-        **scan_launch(q_len, **(scan or {})),
+        **scan_launch(q_len, **scan),
     )
     return order, count

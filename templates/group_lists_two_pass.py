@@ -47,25 +47,27 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _chunk_mask(mask_ptr, c, M, G, CHUNK: tl.constexpr, G_P2: tl.constexpr):
+    def _chunk_mask(mask_ptr, c, M, G, stride_t, stride_g, CHUNK: tl.constexpr, G_P2: tl.constexpr):
         """Chunk ``c``'s mask rows as ``(offs_t, offs_g, active, inactive, inside)``: int32 0 / 1 tiles over
         ``[CHUNK, G_P2]`` (tokens past ``M`` and groups past ``G`` are neither active nor inactive)."""
         offs_t = c * CHUNK + tl.arange(0, CHUNK)
         offs_g = tl.arange(0, G_P2)
         inside = (offs_t < M)[:, None] & (offs_g < G)[None, :]
-        m = tl.load(mask_ptr + offs_t.to(tl.int64)[:, None] * G + offs_g[None, :], mask=inside, other=0)
+        m = tl.load(mask_ptr + offs_t.to(tl.int64)[:, None] * stride_t + offs_g[None, :] * stride_g, mask=inside,
+                    other=0)
         active = ((m != 0) & inside).to(tl.int32)
         inactive = ((m == 0) & inside).to(tl.int32)
         return offs_t, offs_g, active, inactive, inside
 
     @triton.jit
-    def _chunk_counts_kernel(mask_ptr, chunk_counts_ptr, M, G, CHUNK: tl.constexpr, G_P2: tl.constexpr):
+    def _chunk_counts_kernel(mask_ptr, chunk_counts_ptr, M, G, stride_t, stride_g, CHUNK: tl.constexpr,
+                             G_P2: tl.constexpr):
         c = tl.program_id(0)
-        _t, offs_g, active, _i, _in = _chunk_mask(mask_ptr, c, M, G, CHUNK, G_P2)
+        _t, offs_g, active, _i, _in = _chunk_mask(mask_ptr, c, M, G, stride_t, stride_g, CHUNK, G_P2)
         tl.store(chunk_counts_ptr + c * G + offs_g, tl.sum(active, 0), mask=offs_g < G)
 
     @triton.jit
-    def _chunk_lists_kernel(mask_ptr, chunk_counts_ptr, tokens_ptr, counts_ptr, M, G, num_chunks,
+    def _chunk_lists_kernel(mask_ptr, chunk_counts_ptr, tokens_ptr, counts_ptr, M, G, stride_t, stride_g, num_chunks,
                             CHUNK: tl.constexpr, G_P2: tl.constexpr, ROWS: tl.constexpr):
         c = tl.program_id(0)
         offs_g = tl.arange(0, G_P2)
@@ -75,7 +77,7 @@ if HAS_TRITON:
             rows = r0 + tl.arange(0, ROWS)
             before += tl.sum(tl.load(chunk_counts_ptr + rows[:, None] * G + offs_g[None, :],
                                      mask=(rows < c)[:, None] & g_ok[None, :], other=0), 0)
-        offs_t, _g, active, inactive, inside = _chunk_mask(mask_ptr, c, M, G, CHUNK, G_P2)
+        offs_t, _g, active, inactive, inside = _chunk_mask(mask_ptr, c, M, G, stride_t, stride_g, CHUNK, G_P2)
         if c == num_chunks - 1:  # the last chunk knows the totals
             tl.store(counts_ptr + offs_g, before + tl.sum(active, 0), mask=g_ok)
         pos_a = before[None, :] + tl.cumsum(active, 0) - 1
@@ -99,8 +101,10 @@ def chunk_size(num_tokens: int, num_groups: int, tile_elements: int = TILE_ELEME
 
 def group_token_lists_two_pass(m: torch.Tensor,
                                tile_elements: int = TILE_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens[G, M], counts[G])`` of the contiguous ``[M, G]`` mask rows ``m`` (nonzero = active), in two launches
-    (CUDA, or the interpreter); ``tile_elements``: see :func:`chunk_size` (benchmarks)."""
+    """``(tokens[G, M], counts[G])`` of the ``[M, G]`` mask rows ``m`` (nonzero = active; any strides, bool read as
+    bytes), in two launches (CUDA, or the interpreter); ``tile_elements``: see :func:`chunk_size` (benchmarks)."""
+    if m.dtype == torch.bool:
+        m = m.view(torch.uint8)
     num_tokens, num_groups = m.shape
     chunk = chunk_size(num_tokens, num_groups, tile_elements)
     num_chunks = cdiv(num_tokens, chunk)
@@ -109,10 +113,10 @@ def group_token_lists_two_pass(m: torch.Tensor,
     tokens = torch.empty(num_groups, num_tokens, dtype=torch.int32, device=m.device)
     counts = torch.empty(num_groups, dtype=torch.int32, device=m.device)
     chunk_counts = torch.empty(num_chunks, num_groups, dtype=torch.int32, device=m.device)
-    _chunk_counts_kernel[(num_chunks,)](m, chunk_counts, num_tokens, num_groups, CHUNK=chunk, G_P2=g_p2,
+    _chunk_counts_kernel[(num_chunks,)](m, chunk_counts, num_tokens, num_groups, *m.stride(), CHUNK=chunk, G_P2=g_p2,
                                         num_warps=warps)
-    _chunk_lists_kernel[(num_chunks,)](m, chunk_counts, tokens, counts, num_tokens, num_groups, num_chunks,
-                                       CHUNK=chunk, G_P2=g_p2, ROWS=COUNT_ROWS, num_warps=warps)
+    _chunk_lists_kernel[(num_chunks,)](m, chunk_counts, tokens, counts, num_tokens, num_groups, *m.stride(),
+                                       num_chunks, CHUNK=chunk, G_P2=g_p2, ROWS=COUNT_ROWS, num_warps=warps)
     return tokens, counts
 
 

@@ -27,7 +27,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 from wide_compile.templates.attention_reference import group_attention_reference  # noqa: E402
 
 # Kernel modules in dependency order (each later one imports launchers of an earlier one by name).
-_KERNEL_MODULES = ("attention_block", "attention_compact", "attention_mask_extents", "attention_prefill", "attention_decode",
+_KERNEL_MODULES = ("attention_block", "group_lists_two_pass", "attention_compact", "attention_mask_extents", "attention_prefill", "attention_decode",
                    "attention")
 group_attention = group_attention_prefill = group_attention_decode = attention_compact = attention_mask_extents = None
 attention_prefill = None
@@ -126,6 +126,46 @@ def test_compaction_is_the_same_for_any_scan_step(scan):
     order, count = attention_compact.compact_active_rows(head_mask, scan)
     ref_order, ref_count = attention_compact.compact_active_rows_reference(head_mask)
     assert torch.equal(count, ref_count) and torch.equal(order, ref_order)
+
+
+@pytest.mark.parametrize("q_len,groups", [(2049, 8), (2500, 3), (300, 5)])
+@pytest.mark.parametrize("kind", ["random", "all", "none", "clustered"])
+@pytest.mark.parametrize("layout", ["bool", "float16", "packed slice"])
+def test_two_pass_compaction_of_one_sequence_matches_reference(q_len, groups, kind, layout):
+    """One sequence's order from the chunked two-pass build (``group_lists_two_pass``; forced, the default from 4096
+    tokens) is the reference's entry for entry, for bool and float masks and for a mask that is a strided
+    slice of a wider packed tensor (as the routers' packed masks are)."""
+    gen = torch.Generator().manual_seed(q_len + groups + len(kind))
+    head_mask = make_mask(kind, 1, q_len, groups, gen)
+    if layout == "float16":
+        head_mask = head_mask.to(torch.float16)
+    elif layout == "packed slice":
+        packed = torch.rand(1, q_len, 2 * groups + 1, generator=gen)
+        packed[..., 1:2 * groups + 1:2] = head_mask.float()
+        head_mask = packed[..., 1:2 * groups + 1:2]
+        assert not head_mask.is_contiguous()
+    order, count = attention_compact.compact_active_rows(head_mask, {"two_pass": True})
+    ref_order, ref_count = attention_compact.compact_active_rows_reference(head_mask)
+    assert torch.equal(count, ref_count) and torch.equal(order, ref_order)
+
+
+def test_two_pass_compaction_is_the_default_for_one_long_sequence(monkeypatch):
+    """One sequence from 4096 tokens (and 64 per group) takes the two-pass build; two sequences, or fewer tokens, the
+    one-program-per-(batch, group) scan (H200: results/kernels_group_lists_two_pass_compact.json). Forcing the
+    two-pass build on a batch is an error."""
+    calls = []
+    real = attention_compact.group_token_lists_two_pass
+    monkeypatch.setattr(attention_compact, "group_token_lists_two_pass",
+                        lambda m, *a: calls.append(tuple(m.shape)) or real(m, *a))
+    gen = torch.Generator().manual_seed(3)
+    assert attention_compact.TWO_PASS_MIN_TOKENS == 4096
+    for batch, q_len in ((1, 4096), (1, 4095), (2, 4096)):
+        head_mask = make_mask("random", batch, q_len, 8, gen)
+        order, count = attention_compact.compact_active_rows(head_mask)
+        assert torch.equal(order, attention_compact.compact_active_rows_reference(head_mask)[0])
+    assert calls == [(4096, 8)]
+    with pytest.raises(ValueError, match="one sequence, got a batch of 2"):
+        attention_compact.compact_active_rows(make_mask("random", 2, 40, 2, gen), {"two_pass": True})
 
 
 PREFILL_CASES = [

@@ -115,6 +115,29 @@ def test_compaction_matches_reference(q_len):
     assert torch.equal(count, ref_count) and torch.equal(order, ref_order)
 
 
+@pytest.mark.parametrize("q_len", [2048, 5000, 16384, 20011])
+@pytest.mark.parametrize("kind", ["random", "random_bf16", "all", "none", "packed_slice"])
+def test_two_pass_compaction_of_one_sequence_on_gpu(q_len, kind):
+    """One long sequence's row order from the two-pass build (forced; the default from 4096 tokens) equals the
+    one-program-per-group scan's and the reference's, entry for entry (bool, bf16 0 / 1 and strided masks)."""
+    gen = torch.Generator(device="cuda").manual_seed(q_len + len(kind))
+    if kind in ("all", "none"):
+        mask = _inputs(1, q_len, 1, torch.bfloat16, kind)[3]
+    else:
+        mask = torch.rand(1, q_len, HKV, device="cuda", generator=gen) < 0.5
+    if kind == "random_bf16":
+        mask = mask.to(torch.bfloat16)
+    elif kind == "packed_slice":
+        packed = torch.zeros(1, q_len, 3 * HKV, dtype=torch.bfloat16, device="cuda")
+        packed[..., HKV:2 * HKV] = mask.to(torch.bfloat16)
+        mask = packed[..., HKV:2 * HKV]
+    order, count = compact_active_rows(mask, {"two_pass": True})
+    one_order, one_count = compact_active_rows(mask, {"two_pass": False})
+    ref_order, ref_count = compact_active_rows_reference(mask)
+    assert torch.equal(count, one_count) and torch.equal(order, one_order)
+    assert torch.equal(count, ref_count) and torch.equal(order, ref_order)
+
+
 @pytest.mark.parametrize("q_len", [1, 300])
 def test_float32_inputs(q_len):
     """fp32 runs its dots in IEEE fp32 with smaller tiles (shared-memory budget)."""
