@@ -159,15 +159,13 @@ if HAS_TRITON:
         ACTIVE_FIRST: tl.constexpr,
         PAIRED: tl.constexpr,
         UP_FIRST: tl.constexpr,
-        STORE_ZEROS: tl.constexpr = True,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N, ACTIVE_FIRST)
         part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
-        if tile_start >= count:  # fully inactive tile: zeros only (unless another launch writes them)
-            if STORE_ZEROS:
-                h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
-                tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
+        if tile_start >= count:  # fully inactive tile: zeros only
+            h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
         elif part == BLOCK_M:
             _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
                            out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
@@ -247,7 +245,6 @@ def gated_up_gemm(
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
         ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) else 0,
-        STORE_ZEROS=bool(cfg.get("STORE_ZEROS", True)),
         PAIRED=pair is not None,
         UP_FIRST=up_first,
         num_warps=cfg["num_warps"],

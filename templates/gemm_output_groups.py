@@ -118,15 +118,13 @@ if HAS_TRITON:
         WARP_SPECIALIZE: tl.constexpr,
         TAIL_SPLIT: tl.constexpr,
         ACTIVE_FIRST: tl.constexpr,
-        STORE_ZEROS: tl.constexpr = True,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N, ACTIVE_FIRST)
         part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
-        if tile_start >= count:  # fully inactive tile: zeros only (unless another launch writes them)
-            if STORE_ZEROS:
-                y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
-                tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
+        if tile_start >= count:  # fully inactive tile: zeros only
+            y_ptrs = y_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(y_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty), mask=out_mask)
         elif part == BLOCK_M:
             _output_group_rows(x_ptr, w_ptr, b_ptr, y_ptr, w_desc, cos_ptr, sin_ptr, period, rows, offs_m, count,
                                offs_n, valid_n, out_mask, N, K, HAS_BIAS, ROTARY_DIM, BLOCK_K, EVEN_K, EVEN_N, UPCAST,
@@ -222,7 +220,6 @@ def output_groups_gemm(
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
         ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) else 0,
-        STORE_ZEROS=bool(cfg.get("STORE_ZEROS", True)),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
