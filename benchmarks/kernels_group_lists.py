@@ -29,20 +29,23 @@ from wide_compile.templates.attention_compact import compact_active_rows  # noqa
 from wide_compile.templates.group_plan import _group_token_lists  # noqa: E402
 
 CAPS = (1024, 2048, 4096, 8192)
+KEYS = ("max_block", "num_warps", "two_pass", "tile_elements", "offsets_pass")  # a configuration's printed keys
 WARPS = (4, 8, 16)
 COPIES = 8
 
 
 def configs(tokens: int, kind: str = "lists", two_pass_only: bool = False) -> list[dict]:
     """The one-kernel build's step caps and warps (with ``two_pass_only`` only its default step), and the chunked
-    two-pass build (``group_lists_two_pass``) with 4096-element chunk tiles (the token lists also with 8192); the
+    two-pass build (``group_lists_two_pass``) with 4096-element chunk tiles (the token lists also with 8192), each
+    with the chunks' offsets summed in the lists pass and from an offsets pass of their own (stop 35); the
     compaction builds one sequence's order with it since stop 35."""
     if two_pass_only:
         one = [dict(two_pass=False)]
     else:
         one = [dict(max_block=cap, num_warps=w, two_pass=False) for cap in CAPS for w in WARPS
                if cap <= max(1024, 2 * tokens)]
-    return one + [dict(two_pass=True, tile_elements=t) for t in ((4096, 8192) if kind == "lists" else (4096,))]
+    return one + [dict(two_pass=True, tile_elements=t, offsets_pass=o)
+                  for t in ((4096, 8192) if kind == "lists" else (4096,)) for o in (False, True)]
 
 
 def sweep(tokens: int, groups: int, kind: str, gen: torch.Generator, two_pass_only: bool = False) -> list[dict]:
@@ -64,8 +67,9 @@ def sweep(tokens: int, groups: int, kind: str, gen: torch.Generator, two_pass_on
         return [{"kind": kind, "M": tokens, "G": groups, "us": default, "default_us": default, "same": True}]
     best = min(rows, key=lambda r: r["us"])
     print(f"{kind} M={tokens} G={groups}: default {default:.2f} us; best {best['us']:.2f} us with "
-          f"{ {k: v for k, v in best.items() if k in ('max_block', 'num_warps', 'two_pass', 'tile_elements')} }; "
-          + "; ".join(f"{r.get('tile_elements')}-element chunks {r['us']:.2f}" for r in rows if r.get("two_pass"))
+          f"{ {k: v for k, v in best.items() if k in KEYS} }; "
+          + "; ".join(f"{r.get('tile_elements')}-element chunks{' + offsets pass' if r.get('offsets_pass') else ''} "
+                      f"{r['us']:.2f}" for r in rows if r.get("two_pass"))
           + f"; all equal: {all(r['same'] for r in rows)}", flush=True)
     return rows
 

@@ -11,7 +11,8 @@ token reordering, the fused gate/up, the input-group GEMM, the router decision (
 W_in's parts made once),
 mask extents, and attention prefill (causal, explicit mask: both passes) and decode (split-KV, explicit mask); the
 two-pass per-group token lists and row order of long prompts (from 2048 tokens: the prefill GEMMs at 2100 / 4133
-tokens with bool and bf16 masks, one 4100-token sequence's attention on a strided mask); and
+tokens with bool and bf16 masks, the lists with the offsets pass forced, one 4100-token sequence's attention on a
+strided mask); and
 one sequence's shared row order (``wide::group_rows``): the query GEMM walking it as its lists with the rotary
 epilogue, the prefill attention walking it as its row order.
 Prints one line per case and exits 1 if a result is wrong (compute-sanitizer's own exit code reports accesses).
@@ -30,7 +31,8 @@ from wide_compile.templates import (
 )
 from wide_compile.templates.attention_compact import compact_active_rows, compact_active_rows_reference
 from wide_compile.templates.attention_mask_extents import mask_extents, mask_extents_reference
-from wide_compile.templates.group_plan import plan_from_row_order
+from wide_compile.templates.group_lists_two_pass import group_token_lists_two_pass
+from wide_compile.templates.group_plan import _group_token_lists, plan_from_row_order
 from wide_compile.templates.group_linear_with_dense import output_group_linear_with_dense
 from wide_compile.templates.router_mask import router_mask, split_router_weights
 from wide_compile.templates.router_mask_reference import router_logits_reference, router_mask_reference
@@ -116,7 +118,8 @@ def linear_cases(gen, tokens_list) -> list[bool]:
 
 def two_pass_list_cases(gen, w, wg, wu, gs) -> list[bool]:
     """Prefill GEMMs on long ragged prompts, whose per-group token lists take the two-pass build
-    (``group_lists_two_pass``: from 2048 tokens with at least 64 per group), with bool and bf16 0 / 1 masks."""
+    (``group_lists_two_pass``: from 2048 tokens with at least 64 per group), with bool and bf16 0 / 1 masks; and the
+    lists with the offsets pass forced."""
     out = []
     for m in (2100, 4133):
         x = _randn(m, w.shape[1], gen=gen)
@@ -128,6 +131,11 @@ def two_pass_list_cases(gen, w, wg, wu, gs) -> list[bool]:
             out.append(_close(f"gated_up_groups M={m} two-pass lists, {name} mask",
                               gated_up_groups(x, wg, wu, mask, gs, path="gemm"),
                               gated_up_groups_reference(x, wg, wu, om, gs)))
+        lists = group_token_lists_two_pass(om, offsets_pass=True)  # the offsets pass, forced (65 chunks at 4133)
+        ok = all(torch.equal(a, b) for a, b in zip(lists, _group_token_lists(om.view(torch.uint8),
+                                                                             {"two_pass": False})))
+        print(f"{'ok  ' if ok else 'FAIL'} two-pass token lists with the offsets pass M={m}", flush=True)
+        out.append(ok)
     return out
 
 

@@ -55,17 +55,17 @@ def compact_active_rows(head_mask: torch.Tensor, scan: dict | None = None) -> tu
     """Return ``(order[B, G, T] int32, count[B, G] int32)`` for ``head_mask[B, T, G]`` (nonzero = active).
 
     ``scan``: ``{"max_block": ..., "num_warps": ...}`` overrides of :func:`list_scan.scan_launch`, or
-    ``{"two_pass": bool, "tile_elements": int}`` to force / forbid the two-pass build of one sequence (benchmarks,
-    tests); by default it runs for one sequence of at least ``TWO_PASS_MIN_TOKENS`` tokens (and, as for the GEMM
-    lists, ``use_two_pass``: at least 64 per group)."""
+    ``{"two_pass": bool, "tile_elements": int, "offsets_pass": bool}`` to force / forbid the two-pass build of one
+    sequence and its offsets pass (benchmarks, tests); by default it runs for one sequence of at least
+    ``TWO_PASS_MIN_TOKENS`` tokens (and, as for the GEMM lists, ``use_two_pass``: at least 64 per group)."""
     batch, q_len, groups = head_mask.shape
     mask = head_mask.view(torch.uint8) if head_mask.dtype == torch.bool else head_mask
     scan = dict(scan or {})
-    tile_elements = scan.pop("tile_elements", TILE_ELEMENTS)
+    tile_elements, offsets_pass = scan.pop("tile_elements", TILE_ELEMENTS), scan.pop("offsets_pass", None)
     if scan.pop("two_pass", batch == 1 and q_len >= TWO_PASS_MIN_TOKENS and use_two_pass(q_len, groups)):
         if batch != 1:
             raise ValueError(f"compact_active_rows: the two-pass build orders one sequence, got a batch of {batch}")
-        order, count = group_token_lists_two_pass(mask[0], tile_elements)
+        order, count = group_token_lists_two_pass(mask[0], tile_elements, offsets_pass)
         return order.unsqueeze(0), count.unsqueeze(0)
     order = torch.empty((batch, groups, q_len), dtype=torch.int32, device=head_mask.device)
     count = torch.empty((batch, groups), dtype=torch.int32, device=head_mask.device)

@@ -213,14 +213,16 @@ def tile_group_lists_torch(
 # ----------------------------------------------------------------------------------------- builders
 def _group_token_lists(m: torch.Tensor, scan: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``scan``: ``{"max_block": ..., "num_warps": ...}`` overrides of :func:`list_scan.scan_launch`, or
-    ``{"two_pass": bool, "tile_elements": int}`` to force / forbid the chunked build and size its chunks (benchmarks,
-    tests); by default the chunked build runs where ``group_lists_two_pass.use_two_pass`` says it is faster."""
+    ``{"two_pass": bool, "tile_elements": int, "offsets_pass": bool}`` to force / forbid the chunked build, size its
+    chunks and force / forbid its offsets pass (benchmarks, tests); by default the chunked build runs where
+    ``group_lists_two_pass.use_two_pass`` says it is faster."""
     if not can_run_triton(m):
         return group_token_lists_torch(m)
     num_tokens, num_groups = m.shape
     scan = dict(scan or {})
+    tile_elements, offsets_pass = scan.pop("tile_elements", TILE_ELEMENTS), scan.pop("offsets_pass", None)
     if scan.pop("two_pass", use_two_pass(num_tokens, num_groups)):
-        return group_token_lists_two_pass(m, scan.get("tile_elements", TILE_ELEMENTS))
+        return group_token_lists_two_pass(m, tile_elements, offsets_pass)
     tokens = torch.empty(num_groups, num_tokens, dtype=torch.int32, device=m.device)
     counts = torch.empty(num_groups, dtype=torch.int32, device=m.device)
     _group_token_lists_kernel[(num_groups,)](m, tokens, counts, num_tokens, num_groups,

@@ -278,11 +278,14 @@ def test_plan_tables_on_gpu():
     assert torch.equal(small.union_groups[: union.numel()], union)
 
 
-@pytest.mark.parametrize(("m", "g"), [(2048, 8), (8192, 112), (16385, 8), (20000, 112)])
+@pytest.mark.parametrize(("m", "g"), [(2048, 8), (8192, 112), (16385, 8), (20000, 112), (70001, 112)])
 @pytest.mark.parametrize("kind", ["random", "all", "none", "float"])
-def test_two_pass_token_lists_on_gpu(m, g, kind):
-    """The per-group token lists of long prompts (the two-pass build, ``group_lists_two_pass``) equal the one-kernel
-    build's entry for entry, on the GPU, ragged token counts and float router masks included."""
+@pytest.mark.parametrize("offsets_pass", [False, True])
+def test_two_pass_token_lists_on_gpu(m, g, kind, offsets_pass):
+    """The per-group token lists of long prompts (the two-pass build, ``group_lists_two_pass``, with the chunks'
+    offsets summed in the lists pass or from an offsets pass: 70001 tokens of 112 groups make 2188 chunks, three steps
+    of the offsets pass) equal the one-kernel build's entry for entry, on the GPU, ragged token counts and float router
+    masks included."""
     from wide_compile.templates.group_plan import _group_token_lists, mask_rows
 
     gen = torch.Generator(device="cuda").manual_seed(m + g)
@@ -290,7 +293,7 @@ def test_two_pass_token_lists_on_gpu(m, g, kind):
     if kind in ("all", "none"):
         mask.fill_(kind == "all")
     rows = mask_rows(mask.float() if kind == "float" else mask)
-    tokens, counts = _group_token_lists(rows, {"two_pass": True})
+    tokens, counts = _group_token_lists(rows, {"two_pass": True, "offsets_pass": offsets_pass})
     one_tokens, one_counts = _group_token_lists(rows, {"two_pass": False})
     assert torch.equal(counts, one_counts) and torch.equal(counts, mask.sum(0, dtype=torch.int32))
     assert torch.equal(tokens, one_tokens)

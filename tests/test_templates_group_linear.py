@@ -397,16 +397,18 @@ def test_plan_tables_match_torch_versions(k, m):
 
 @pytest.mark.parametrize(("m", "g"), [(5, 3), (37, 112), (300, 8), (1000, 5), (130, 130), (2049, 16)])
 @pytest.mark.parametrize("kind", ["all", "none", "random", "random_bf16"])
-def test_two_pass_group_token_lists_equal_the_one_kernel_build(k, m, g, kind):
+@pytest.mark.parametrize("offsets_pass", [False, True])
+def test_two_pass_group_token_lists_equal_the_one_kernel_build(k, m, g, kind, offsets_pass):
     """The chunked two-pass build of the per-group token lists (``group_lists_two_pass``) gives the one-kernel build's
     tables entry for entry (active tokens ascending, inactive ones from the back), for ragged token counts, group
-    counts past a power of two and several chunks (2049 tokens of 16 groups: 65 chunks of 32, the last of one token);
-    every list is a permutation of the tokens."""
+    counts past a power of two and several chunks (2049 tokens of 16 groups: 65 chunks of 32, the last of one token),
+    with the chunks' offsets summed in the lists pass or from a pass of their own (``offsets_pass``); every list is a
+    permutation of the tokens."""
     gp = k["group_plan"]
     gen = torch.Generator().manual_seed(m * 7 + g + len(kind))
     rows = gp.mask_rows(_mask(kind, m, g, gen))
     one_tokens, one_counts = gp._group_token_lists(rows, {"two_pass": False})
-    tokens, counts = gp._group_token_lists(rows, {"two_pass": True})
+    tokens, counts = gp._group_token_lists(rows, {"two_pass": True, "offsets_pass": offsets_pass})
     assert torch.equal(counts, one_counts)
     assert torch.equal(tokens, one_tokens)
     assert torch.equal(tokens.sort(dim=1).values, torch.arange(m, dtype=torch.int32).expand(g, m))
@@ -431,6 +433,31 @@ def test_two_pass_build_is_the_default_for_long_lists(k, monkeypatch):
     assert gp._group_token_lists(gp.mask_rows(_mask("random", 2048, 8, gen))) == ("two", "pass")
     tokens, counts = gp._group_token_lists(gp.mask_rows(_mask("random", 2048, 112, gen)))
     assert calls == [(2048, 8)] and tokens.shape == (112, 2048)
+
+
+def test_offsets_pass_where_the_summed_counts_grow():
+    """The offsets pass runs where the lists pass would sum at least OFFSETS_MIN_SUMMED earlier counts (H200:
+    results/kernels_group_lists_offsets_pass.json): for 112 groups (32-token chunks) from 182 chunks, 5793 tokens
+    (the H200 measured 128 chunks slower with it, 256 faster); for 8 groups (512-token chunks) only from 725 chunks."""
+    from wide_compile.templates.group_lists_two_pass import chunk_size, use_offsets_pass
+
+    def chunks(m, g):
+        return -(-m // chunk_size(m, g))
+
+    assert [use_offsets_pass(chunks(m, 112), 112) for m in (4096, 5792, 5793, 131072)] == [False, False, True, True]
+    assert [use_offsets_pass(chunks(m, 8), 8) for m in (16384, 131072, 724 * 512, 725 * 512)] == [
+        False, False, False, True]
+
+
+def test_offsets_pass_in_several_steps_keeps_the_lists(k, monkeypatch):
+    """The offsets pass walks a group's chunk counts in steps of ``OFFSETS_BLOCK``: with steps of 16 over 65 chunks
+    (five steps, the last partial) the lists are the one-kernel build's."""
+    gp = k["group_plan"]
+    monkeypatch.setattr(k["group_lists_two_pass"], "OFFSETS_BLOCK", 16)
+    rows = gp.mask_rows(_mask("random", 2049, 16, torch.Generator().manual_seed(11)))
+    want = gp._group_token_lists(rows, {"two_pass": False})
+    got = gp._group_token_lists(rows, {"two_pass": True, "offsets_pass": True})
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_two_pass_chunks_keep_their_tile_small():
