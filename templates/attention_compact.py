@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .group_lists_two_pass import TILE_ELEMENTS, group_token_lists_two_pass, use_two_pass
+from .group_lists_two_pass import group_token_lists_two_pass, pop_two_pass_options, use_two_pass
 from .list_scan import scan_launch
 from .row_order import check_row_order, compact_active_rows_reference
 
@@ -61,11 +61,11 @@ def compact_active_rows(head_mask: torch.Tensor, scan: dict | None = None) -> tu
     batch, q_len, groups = head_mask.shape
     mask = head_mask.view(torch.uint8) if head_mask.dtype == torch.bool else head_mask
     scan = dict(scan or {})
-    tile_elements, offsets_pass = scan.pop("tile_elements", TILE_ELEMENTS), scan.pop("offsets_pass", None)
+    two_pass_options = pop_two_pass_options(scan)
     if scan.pop("two_pass", batch == 1 and q_len >= TWO_PASS_MIN_TOKENS and use_two_pass(q_len, groups)):
         if batch != 1:
             raise ValueError(f"compact_active_rows: the two-pass build orders one sequence, got a batch of {batch}")
-        order, count = group_token_lists_two_pass(mask[0], tile_elements, offsets_pass)
+        order, count = group_token_lists_two_pass(mask[0], **two_pass_options)
         return order.unsqueeze(0), count.unsqueeze(0)
     order = torch.empty((batch, groups, q_len), dtype=torch.int32, device=head_mask.device)
     count = torch.empty((batch, groups), dtype=torch.int32, device=head_mask.device)

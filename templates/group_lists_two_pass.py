@@ -147,6 +147,12 @@ def use_offsets_pass(num_chunks: int, num_groups: int) -> bool:
     return num_chunks * num_chunks * next_pow2(num_groups) // 2 >= OFFSETS_MIN_SUMMED
 
 
+def pop_two_pass_options(scan: dict) -> dict:
+    """The keyword arguments of :func:`group_token_lists_two_pass` (``tile_elements``, ``offsets_pass``) taken out of
+    a caller's ``scan`` overrides (the rest are the one-kernel scan's)."""
+    return {key: scan.pop(key) for key in ("tile_elements", "offsets_pass") if key in scan}
+
+
 def group_token_lists_two_pass(m: torch.Tensor, tile_elements: int = TILE_ELEMENTS,
                                offsets_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens[G, M], counts[G])`` of the ``[M, G]`` mask rows ``m`` (nonzero = active; any strides, bool read as
@@ -176,4 +182,4 @@ def group_token_lists_two_pass(m: torch.Tensor, tile_elements: int = TILE_ELEMEN
     return tokens, counts
 
 
-__all__ = ["chunk_size", "group_token_lists_two_pass", "use_offsets_pass", "use_two_pass"]
+__all__ = ["chunk_size", "group_token_lists_two_pass", "pop_two_pass_options", "use_offsets_pass", "use_two_pass"]

@@ -31,7 +31,7 @@ import torch
 
 from ._triton_utils import HAS_TRITON, can_run_triton, cdiv, next_pow2
 from .dependent_launch import pdl_launch
-from .group_lists_two_pass import TILE_ELEMENTS, group_token_lists_two_pass, use_two_pass
+from .group_lists_two_pass import group_token_lists_two_pass, pop_two_pass_options, use_two_pass
 from .list_scan import scan_launch
 
 DECODE_MAX_TOKENS = 16
@@ -220,9 +220,9 @@ def _group_token_lists(m: torch.Tensor, scan: dict | None = None) -> tuple[torch
         return group_token_lists_torch(m)
     num_tokens, num_groups = m.shape
     scan = dict(scan or {})
-    tile_elements, offsets_pass = scan.pop("tile_elements", TILE_ELEMENTS), scan.pop("offsets_pass", None)
+    two_pass_options = pop_two_pass_options(scan)
     if scan.pop("two_pass", use_two_pass(num_tokens, num_groups)):
-        return group_token_lists_two_pass(m, tile_elements, offsets_pass)
+        return group_token_lists_two_pass(m, **two_pass_options)
     tokens = torch.empty(num_groups, num_tokens, dtype=torch.int32, device=m.device)
     counts = torch.empty(num_groups, dtype=torch.int32, device=m.device)
     _group_token_lists_kernel[(num_groups,)](m, tokens, counts, num_tokens, num_groups,
