@@ -62,9 +62,6 @@ def sweep(tokens: int, groups: int, kind: str, gen: torch.Generator, two_pass_on
         same = all(torch.equal(a, b) for a, b in zip(out, ref))
         us = bench_graph([lambda m=m, cfg=cfg: call(m, cfg) for m in masks])
         rows.append({"kind": kind, "M": tokens, "G": groups, **cfg, "us": us, "default_us": default, "same": same})
-    if not rows:
-        print(f"{kind} M={tokens} G={groups}: default {default:.2f} us", flush=True)
-        return [{"kind": kind, "M": tokens, "G": groups, "us": default, "default_us": default, "same": True}]
     best = min(rows, key=lambda r: r["us"])
     print(f"{kind} M={tokens} G={groups}: default {default:.2f} us; best {best['us']:.2f} us with "
           f"{ {k: v for k, v in best.items() if k in KEYS} }; "
