@@ -8,7 +8,7 @@ fraction of (batch, KV head) pairs inactive; CUDA-graph replays over rotated q/K
 are medians over rounds of the median replay. Split plus reduction launches are both timed.
 
 Usage (GPU): ``python benchmarks/decode_split_rule.py [--out-dir benchmarks/results] [--rounds 3] [--shapes 16:4096,...]
-[--name decode_split_rule.json]``. ``--baseline-module M`` also times the default rule through ``M.launch_decode``
+[--name decode_split_rule.json] [--configs 128/8/3,...] [--sparsities 0.5,0]``. ``--baseline-module M`` also times the default rule through ``M.launch_decode``
 (label "baseline"): with a copy of the previous ``templates/attention_decode.py`` saved as
 ``templates/attention_decode_prev.py`` (not committed), ``M = wide_compile.templates.attention_decode_prev`` gives an
 A/B of a kernel change in one process.
@@ -37,25 +37,37 @@ SPARSITIES = (0.0, 0.25, 0.5, 0.7)
 OTHER_TARGETS = (16, 4)  # programs per SM: 16 was the default before stop 27
 
 
-def candidates(batch_kv: int, kv_len: int, sms: int) -> dict[str, tuple[int, dict]]:
-    """label -> (num_splits, launch config) for the default rule and each other programs-per-SM target."""
+def candidates(batch_kv: int, kv_len: int, sms: int, configs: tuple = ()) -> dict[str, tuple[int, dict]]:
+    """label -> (num_splits, launch config) for the default rule and each other programs-per-SM target, and the
+    default rule's chunk count with each extra launch config ``(BLOCK_N, num_warps, num_stages)`` of ``configs``."""
     out = {}
     for label, pps in [("default", PROGRAMS_PER_SM)] + [(f"pps{p}", p) for p in OTHER_TARGETS]:
         splits, chunk = choose_num_splits(batch_kv, kv_len, torch.device("cuda"), programs_per_sm=pps)
         out[label] = (splits, decode_config(chunk, splits * batch_kv, sms))
+    for block_n, warps, stages in configs:
+        out[f"n{block_n}w{warps}s{stages}"] = (out["default"][0],
+                                               {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
     return out
 
 
-def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms: int, baseline=None) -> list[dict]:
+def parse_configs(text: str | None) -> tuple:
+    """``"128/8/3,64/8/2"`` -> ((128, 8, 3), (64, 8, 2)): BLOCK_N / num_warps / num_stages."""
+    if not text:
+        return ()
+    return tuple(tuple(int(v) for v in item.split("/")) for item in text.split(","))
+
+
+def bench_shape(batch: int, kv_len: int, rounds: int, gen: torch.Generator, sms: int, baseline=None,
+                configs: tuple = (), sparsities: tuple = SPARSITIES) -> list[dict]:
     qs, ks, vs, _ = decode_inputs(batch, kv_len)
     copies = len(qs)
     outs = [torch.empty(batch, HQ, 1, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
-    rules = candidates(batch * HKV, kv_len, sms)
+    rules = candidates(batch * HKV, kv_len, sms, configs)
     launchers = {label: launch_decode for label in rules}
     if baseline is not None:  # the default rule's launch through another version of the kernels (A/B of a change)
         rules["baseline"], launchers["baseline"] = rules["default"], baseline.launch_decode
     rows = []
-    for sp in SPARSITIES:
+    for sp in sparsities:
         mask = random_mask(batch, 1, sp, gen)
         dims = check_attention_inputs(qs[0], ks[0], vs[0], mask, True, None)
         ref = group_attention_reference(qs[0].float(), ks[0].float(), vs[0].float(), mask, causal=True)
@@ -94,6 +106,10 @@ def main() -> None:
                              "attention_decode.py in wide_compile/templates), timed as 'baseline' with the default rule")
     parser.add_argument("--shapes", default=None, help="B:S pairs, e.g. 16:4096,4:16384 (default: SHAPES)")
     parser.add_argument("--name", default="decode_split_rule.json")
+    parser.add_argument("--configs", default=None,
+                        help="extra launch configs at the default chunk count, BLOCK_N/num_warps/num_stages, "
+                             "comma-separated (e.g. 128/8/3,64/8/2)")
+    parser.add_argument("--sparsities", default=None, help="comma-separated (default: 0,0.25,0.5,0.7)")
     args = parser.parse_args()
     baseline = importlib.import_module(args.baseline_module) if args.baseline_module else None
     shapes = [tuple(int(v) for v in p.split(":")) for p in args.shapes.split(",")] if args.shapes else SHAPES
@@ -101,7 +117,8 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows = []
     for batch, kv_len in shapes:
-        rows += bench_shape(batch, kv_len, args.rounds, gen, sms, baseline)
+        rows += bench_shape(batch, kv_len, args.rounds, gen, sms, baseline, parse_configs(args.configs),
+                            tuple(float(v) for v in args.sparsities.split(",")) if args.sparsities else SPARSITIES)
         torch.cuda.empty_cache()  # the shape's q / K / V copies are gone with bench_shape's frame
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, args.name)

@@ -51,6 +51,7 @@ from kernels_linear_sweeps import (  # noqa: E402
     query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
 )
 from kernels_targets import linear_targets  # noqa: E402
+from stream_read import READ_VARIANTS, out_elements, read_fns  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -188,6 +189,21 @@ class Case:
                 fns.append(lambda x=x_u, w=w_u: F.linear(x, w))
         return fns
 
+    def read_fns(self, masks: list, sms: int) -> dict | None:
+        """Per read variant (``stream_read.READ_VARIANTS``), thunks that only read as many weight bytes as the union
+        of each copy's draw holds (contiguous, from the start of that copy's weight; whole rows of the other dim), or None
+        for ffn. No kernel of this op can read the union's weights faster than the fastest way of reading that many
+        bytes; the table takes the faster of these and the union cuBLAS (``read_us``)."""
+        kind, gs = self.cfg["kind"], self.cfg["gs"]
+        if kind == "ffn":
+            return None
+        other = self.cfg["K"] if kind in ("gated", "output") else self.cfg["N"]
+        per_group = gs * other * (2 if kind == "gated" else 1)
+        srcs = self.wcat if kind == "gated" else self.w
+        numels = [int(mask.any(0).sum()) * per_group for mask in masks]
+        out = torch.empty(out_elements(numels, sms, other), device="cuda", dtype=torch.float32)
+        return {label: read_fns(srcs, numels, out, label, sms, other) for label in READ_VARIANTS}
+
     def ours_fns(self, mask, config: dict | None = None, block_m: int | None = None) -> list:
         """Our op on each rotation copy; ``mask``: one mask for every copy, or a list with each copy's draw."""
         kind, gs, fns = self.cfg["kind"], self.cfg["gs"], []
@@ -252,6 +268,9 @@ def _silu_mul(gu: torch.Tensor) -> torch.Tensor:
 # 32 since stop 31: with 8 the mean active count of an 8-group op still varied by +-6% between runs (the o_proj row at
 # one token read a 9.4 µs union in stop 31's first table against 7.0 in stop 30's, on other draws).
 DECODE_DRAWS = 32
+# Up to this many tokens the table also times a kernel that only reads the union's weight bytes ("read"): there the
+# bound is the bytes (at 1-16 tokens) or mostly the bytes (the 32 MB projections up to 256 tokens).
+READ_MAX_TOKENS = 256
 # 17-256 tokens: at least this many copies too. Random masks' unions are the whole weight there, but each draw of the
 # trained routers' masks takes its own layers, whose skip rates differ (stop 31's first table: 2 draws per 64-token
 # gate/up row, 65% skipped).
@@ -296,6 +315,7 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
     ops = args.ops.split(",")
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     masks = args.masks.split(",") if args.masks else list(MASKS) + ([TRAINED] if os.path.exists(TRAINED_MASKS) else [])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for op in ops:
         for m in ms:
             if m < OPS[op].get("min_m", 0):
@@ -311,6 +331,10 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
             timed.update({f"ours:{mname}": case.ours_fns(mask) for mname, mask in mask_list})
             timed.update({f"union:{mname}": fns for mname, mask in mask_list
                           if (fns := case.union_fns(mask)) is not None})
+            if m <= READ_MAX_TOKENS:
+                for mname, mask in mask_list:
+                    reads = case.read_fns(mask, sms) or {}
+                    timed.update({f"read:{mname}:{label}": fns for label, fns in reads.items()})
             samples = interleaved(timed, args.rounds)
             med = {key: statistics.median(v) for key, v in samples.items()}
             dense, half = med["dense"], med["half"]
@@ -319,6 +343,9 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
                 ours = med[f"ours:{mname}"]
                 union = med.get(f"union:{mname}", dense if OPS[op]["kind"] != "ffn" else float("nan"))
                 nbytes, flops, bound = mean_cost(op, mask, m, ceil)
+                reads = {k.split(":")[2]: v for k, v in med.items() if k.startswith(f"read:{mname}:")}
+                read_kernel = min(reads.values()) if reads else None
+                read = min(read_kernel, union) if read_kernel is not None else None
                 row = dict(op=op, mask=mname, M=m, ours_us=ours, dense_us=dense, dense_act_us=dense_act,
                            half_us=half, union_us=union, bound_us=bound, speedup=dense / ours,
                            speedup_vs_dense_act=dense_act / ours,
@@ -327,11 +354,12 @@ def run_main(args, ceil: dict, gen: torch.Generator) -> list:
                            draws=len(mask), active_frac=statistics.fmean(float(d.float().mean()) for d in mask),
                            union_frac=statistics.fmean(float(d.any(0).float().mean()) for d in mask),
                            ours_us_rounds=samples[f"ours:{mname}"], dense_us_rounds=samples["dense"],
-                           union_us_rounds=samples.get(f"union:{mname}"))
+                           union_us_rounds=samples.get(f"union:{mname}"),
+                           read_us=read, read_kernel_us=read_kernel, read_variants_us=reads or None)
                 rows.append(row)
                 print(f"{op:8s} {mname:9s} M={m:6d} ours {ours:9.1f}us dense {dense:9.1f} half {half:9.1f} "
-                      f"union {union:9.1f} bound {bound:9.1f} x{dense / ours:5.2f} {100 * bound / ours:5.1f}%bound",
-                      flush=True)
+                      f"union {union:9.1f} read {read if read is not None else float('nan'):9.1f} "
+                      f"bound {bound:9.1f} x{dense / ours:5.2f} {100 * bound / ours:5.1f}%bound", flush=True)
             del case
             torch.cuda.empty_cache()
     return rows
@@ -414,13 +442,18 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              "dense+act adds silu(g)*u; half = cuBLAS on a statically half-width weight; union = cuBLAS on a dense "
              "weight of exactly the groups some token of the batch uses (an oracle static pruner for this batch; "
              "input groups with x restricted to those columns; equal to dense where every group is used). "
+             f"read (up to {READ_MAX_TOKENS} tokens) = the faster of union and a kernel that only reads as many "
+             "contiguous weight bytes as each draw's union holds (benchmarks/stream_read.py: register loads, or a pipelined "
+             f"cp.async loop as the GEMVs read; best of {len(READ_VARIANTS)} launch shapes). "
              "speedup = dense / ours. bound = max(bytes / copy BW, flops / matmul rate) per draw, averaged.", "",
-             "| op | mask | M | ours | dense | dense+act | half | union | bound | speedup | % bound | TB/s | TFLOP/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| op | mask | M | ours | dense | dense+act | half | union | read | bound | speedup | % bound | TB/s | "
+             "TFLOP/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         union = r.get("union_us", float("nan"))
+        read = f"{r['read_us']:.1f}" if r.get("read_us") is not None else "-"
         lines.append(f"| {r['op']} | {r['mask']} | {r['M']} | {r['ours_us']:.1f} | {r['dense_us']:.1f} | "
-                     f"{r['dense_act_us']:.1f} | {r['half_us']:.1f} | {union:.1f} | {r['bound_us']:.1f} | "
+                     f"{r['dense_act_us']:.1f} | {r['half_us']:.1f} | {union:.1f} | {read} | {r['bound_us']:.1f} | "
                      f"{r['speedup']:.2f} | "
                      f"{100 * r['frac_bound']:.0f}% | {r['TBps']:.2f} | {r['TFLOPs']:.0f} |")
     lines += ["", "## Targets (rand50, per linear; speed-up against dense without activation)", "",

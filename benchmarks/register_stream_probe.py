@@ -1,7 +1,7 @@
 """Probe: a Triton kernel that only streams N bytes through register loads, against cuBLAS's GEMV on a weight of the
 same N bytes (stop 29; the question was stop 28's untried idea, a non-MMA GEMV that streams whole weight rows).
 
-Each program of ``_read_kernel`` sums its contiguous chunk of a bf16 buffer with plain ``tl.load`` steps (no
+Each program of ``stream_read._read_kernel`` sums its contiguous chunk of a bf16 buffer with plain ``tl.load`` steps (no
 shared-memory pipeline: Triton 3.6 software-pipelines only loads that feed a dot), ``UNROLL`` loads of ``BLOCK``
 elements issued per step, and stores one fp32. Grid: 1-8 programs per SM x 8-16 KB steps x 1 / 4 / 8 loads per step;
 the fastest variant per size is reported next to cuBLAS's one-token GEMV (``F.linear`` of a ``[1, 4096]`` input on the
@@ -28,10 +28,10 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels_linear import bench_graph, ceilings  # noqa: E402
+from stream_read import read_call  # noqa: E402
 
 MB = 1 << 20
 SIZES_MB = (8, 16, 32, 58, 64, 117, 128, 134, 234)  # q/o 25-100%, down 50% / 100%, gate/up 50%, attention B16 S4k
@@ -43,28 +43,8 @@ def _empty_kernel(out_ptr):
     pass
 
 
-@triton.jit
-def _read_kernel(src_ptr, out_ptr, numel, chunk, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """Program ``p`` sums ``src[p * chunk : (p + 1) * chunk]`` (bf16, clipped to ``numel``; ``chunk`` a multiple of
-    ``BLOCK * UNROLL``) and stores one fp32. Each step issues ``UNROLL`` independent loads of ``BLOCK`` elements
-    before their adds, so ``UNROLL * BLOCK * 2`` bytes are in flight per program (Triton does not software-pipeline
-    loads that feed no dot)."""
-    start0 = tl.program_id(0).to(tl.int64) * chunk
-    offs = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, chunk, BLOCK * UNROLL):
-        for u in tl.static_range(UNROLL):
-            idx = start0 + start + u * BLOCK + offs
-            acc += tl.load(src_ptr + idx, mask=idx < numel, other=0.0).to(tl.float32)
-    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
-
-
 def read_fns(srcs: list, out: torch.Tensor, programs: int, block: int, warps: int, unroll: int) -> list:
-    numel = srcs[0].numel()
-    step = block * unroll
-    chunk = -(-numel // (programs * step)) * step
-    return [lambda s=s: _read_kernel[(programs,)](s, out, numel, chunk, BLOCK=block, UNROLL=unroll, num_warps=warps)
-            for s in srcs]
+    return [read_call(s, s.numel(), out, programs, block, warps, unroll) for s in srcs]
 
 
 def variants(sms: int) -> dict:

@@ -103,3 +103,25 @@ def test_misses_summary_counts_each_kind_of_miss():
     assert "2 are prefill linear targets (q_proj at 4096 tokens; o_proj at 4096 tokens)" in text
     assert "it meets 1 of them" in text
     assert text.endswith("1 is attention (decode, B = 16, S = 4096).")
+
+
+def test_a_read_of_the_union_bytes_says_whether_any_kernel_could_meet_the_target():
+    def with_read(row, read):
+        return dict(row, read_us=read)
+
+    linear = {"meta": LINEAR["meta"], "rows": [
+        with_read(_linear_row("o_proj", 1, 7.4, 13.3, 4.2, union=8.0), 7.2),    # read alone 1.85x: out of reach
+        with_read(_linear_row("q_proj", 16, 12.0, 13.3, 8.0), 11.9),            # read alone at 67% of the bound
+        with_read(_linear_row("down", 4, 31.5, 31.5, 26.0), 28.0),              # read alone at 93%: reachable
+        _linear_row("gate_up", 2, 60.0, 56.0, 41.8),                            # no read timed (older results)
+    ]}
+    rows = linear_targets(linear)
+    assert [r["read_reaches"] for r in rows] == [False, False, True, None]
+    assert rows[0]["reference"].endswith("; read alone 1.85x")
+    assert rows[1]["reference"] == "union cuBLAS at 60% of the bound; read alone at 67%"
+    text = render(linear, ATTENTION)
+    assert "| union cuBLAS at 60% of the bound; read alone at 67% | no | no |" in text
+    assert "| gate_up, 2 tokens | fraction of bound >= 0.9 | 70% | NO | union cuBLAS at 75% of the bound | no | - |" \
+        in text
+    summary = misses_summary(rows)
+    assert "Of the 3 with a read timed beside them, 2 are out of reach of any kernel of the op" in summary
