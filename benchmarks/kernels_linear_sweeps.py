@@ -267,6 +267,21 @@ def input_split_sweeps(ms: tuple = (1, 2, 8, 16)) -> list:
     return [(op, m, "rand50", configs) for op in ("down", "o_proj") for m in ms]
 
 
+def input_all_groups_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32)) -> list:
+    """The input-group GEMV without its union list (``ALL_GROUPS``: every program walks every group and predicates off
+    the weight loads of unused ones), against the default (the list built in each program, whose dependent loads
+    left the sm_90a pipeline 3 of its 5 stages), at its split / stage neighbours; down, down pre-masked and o_proj,
+    50% and trained masks. Stop 36's question: the down GEMV took ~15% longer than a pipelined read of the same bytes
+    (``kernels_linear.json``'s ``read`` column)."""
+    def allg(**kw) -> dict:
+        return dict(path="gemv", ALL_GROUPS=True, **kw)
+
+    configs = [dict(path="gemv"), allg(), allg(SPLIT=2), allg(SPLIT=8), allg(num_stages=7),
+               allg(BLOCK_N=32, SPLIT=2, num_stages=8), allg(BLOCK_N=128, SPLIT=4, num_warps=8, num_stages=4)]
+    return [(op, m, mask, configs) for m in ms for op in ("down", "down_pm", "o_proj") for mask in ("rand50", "trained")
+            if not (op == "o_proj" and m == 1)]
+
+
 def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     """The query projection's output-group GEMV and the output projection's input-group GEMV (K = 4096: 32 MB weights,
     where a launch's fixed time is a large part) with fewer K splits and deeper pipelines than their defaults (8 and 4

@@ -171,6 +171,7 @@ if HAS_TRITON:
         HAS_BIAS: tl.constexpr,
         ROW_MASK: tl.constexpr,
         OWN_UNION: tl.constexpr,
+        ALL_GROUPS: tl.constexpr,
         BLOCK_G: tl.constexpr,
         SPLIT: tl.constexpr,
         BLOCK_T: tl.constexpr,
@@ -192,7 +193,9 @@ if HAS_TRITON:
         offs_t = tl.arange(0, BLOCK_T)
         valid_t = offs_t < M
         offs_k = tl.arange(0, BLOCK_K)
-        if OWN_UNION:  # the union list, built by every program into its own row of union_ptr (no plan launch)
+        if ALL_GROUPS:  # no list: every group, its weight loads predicated off where no token uses it
+            n_groups = G
+        elif OWN_UNION:  # the union list, built by every program into its own row of union_ptr (no plan launch)
             union_ptr += pid.to(tl.int64) * G
             n_groups = 0
             for g0 in range(0, G, BLOCK_G):
@@ -213,12 +216,22 @@ if HAS_TRITON:
         x_cols = x_ptr + offs_t[None, :] * K + offs_k[:, None]
         acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
         for j in range(j_start, j_end):
-            g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
+            if ALL_GROUPS:
+                g = j // CHUNKS
+            else:
+                g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
             k0 = g * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
-            w = tl.load(w_rows + k0)
-            if ROW_MASK:  # zero-fill tokens that do not use group g (predicated load)
+            if ALL_GROUPS or ROW_MASK:
                 tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
+            if ALL_GROUPS:  # a group no token uses: its weight load is predicated off (no bytes read)
+                used = tl.max(tok_on.to(tl.int32), axis=0) > 0
+                w = tl.load(w_rows + k0, mask=valid_n[:, None] & used, other=0.0)
+            else:
+                w = tl.load(w_rows + k0)
+            if ROW_MASK:  # zero-fill tokens that do not use group g (predicated load)
                 xt = tl.load(x_cols + k0, mask=tok_on[None, :], other=0.0)
+            elif ALL_GROUPS:
+                xt = tl.load(x_cols + k0, mask=(valid_t & used)[None, :], other=0.0)
             else:
                 xt = tl.load(x_cols + k0, mask=valid_t[None, :], other=0.0)
             if UPCAST:
@@ -379,6 +392,9 @@ def output_groups_gemv(
 
 SHORT_INPUT_MAX_K = 14336  # one token over at most this many input channels: one unsplit, deep program per 32 rows
 SHORT_INPUT_MIN_ROWS = 2048  # ... when that still gives 64 programs (measured at 4096 rows only)
+ALL_GROUPS_MIN_TOKENS = 2  # from this many tokens: no union list, every group with predicated weight loads
+WIDE_INPUT_TILE_MIN_TOKENS = 4  # ... and from this many, 128-row tiles with 8 warps
+ALL_GROUPS_MAX_TOKENS = 32  # ... up to this many (the measured range; the GEMV is the default up to 32)
 
 
 def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_dim: int = 0,
@@ -398,15 +414,29 @@ def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_di
     ``kernels_linear_sweep_input_split.json``). Since stop 31 one token on a weight of at most 48 MiB (the output
     projection) takes ``gemv_rows.input_rows_gemv`` instead, unless a config says otherwise (``ROWS=0``). Above 16
     tokens the stages are cut to what fits beside the wider token tile; at 32 tokens this default was the fastest of
-    seven (64 / 32 / 128 rows, 2-8 splits; ``kernels_linear_sweep_input_moderate.json``)."""
+    seven (64 / 32 / 128 rows, 2-8 splits; ``kernels_linear_sweep_input_moderate.json``).
+
+    From ``ALL_GROUPS_MIN_TOKENS`` tokens (where i.i.d. masks use almost every group) the programs build no union
+    list: they walk every group and predicate off the weight loads of the unused ones (``ALL_GROUPS``), whose
+    pipeline keeps all its stages (sm_90a: 5 stages in 100 KB, 50 ``cp.async``, against 61 KB / 30 with the list's
+    dependent loads); from ``WIDE_INPUT_TILE_MIN_TOKENS`` with 128-row tiles and 8 warps. H200, 3 interleaved rounds
+    (``kernels_linear_sweep_input_all_groups.json``), µs before / after, 50% and trained masks: down 4 tokens 32.0 /
+    31.0 and 28.6 / 28.2, 8 tokens 33.4 / 32.4 and 31.1 / 30.3, 16 tokens 33.8 / 32.7 and 32.7 / 31.6, 32 tokens
+    35.1 / 33.8 and 34.6 / 33.3; o_proj 8 tokens 12.5 / 12.4 and 11.2 / 11.0; 2 tokens with the default tiles: down
+    27.1 / 26.5 and 25.0 / 24.9. One token keeps the list (walking all groups took twice as long at 50%); above
+    ``ALL_GROUPS_MAX_TOKENS`` (a forced GEMV) the earlier tiles and the list stay."""
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
-                    num_stages=1)
+                    num_stages=1, ALL_GROUPS=ALL_GROUPS_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS)
     block_k = largest_pow2_divisor(group_size, 128)
     if num_tokens == 1 and 0 < num_groups * group_size <= SHORT_INPUT_MAX_K and n_dim >= SHORT_INPUT_MIN_ROWS:
         return dict(BLOCK_N=32, BLOCK_K=block_k, SPLIT=1, num_warps=4, num_stages=12)
+    all_groups = ALL_GROUPS_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS
+    if WIDE_INPUT_TILE_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS:
+        stages = _pipeline_stages(128, block_k, _token_tile(num_tokens), elem_bytes, most=4)
+        return dict(BLOCK_N=128, BLOCK_K=block_k, SPLIT=4, num_warps=8, num_stages=stages, ALL_GROUPS=all_groups)
     stages = _pipeline_stages(64, block_k, _token_tile(num_tokens), elem_bytes, most=5)
-    return dict(BLOCK_N=64, BLOCK_K=block_k, SPLIT=4, num_warps=4, num_stages=stages)
+    return dict(BLOCK_N=64, BLOCK_K=block_k, SPLIT=4, num_warps=4, num_stages=stages, ALL_GROUPS=all_groups)
 
 
 def input_groups_gemv(
@@ -443,8 +473,11 @@ def input_groups_gemv(
     block_t = _token_tile(num_tokens)
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, cfg["BLOCK_N"], block_t) if split > 1 else (x, x)
-    own_union = union_groups is None
-    if own_union:  # one scratch row per program (torch.empty: no kernel)
+    all_groups = bool(cfg.get("ALL_GROUPS", False)) and union_groups is None
+    own_union = union_groups is None and not all_groups
+    if all_groups:  # no list to hold
+        union_groups = union_count = mask_rows
+    elif own_union:  # one scratch row per program (torch.empty: no kernel)
         union_groups = torch.empty(tiles * split * num_groups, dtype=torch.int32, device=x.device)
         union_count = union_groups
     elif union_count is None:
@@ -456,6 +489,7 @@ def input_groups_gemv(
         HAS_BIAS=bias is not None,
         ROW_MASK=not x_is_masked,
         OWN_UNION=own_union,
+        ALL_GROUPS=all_groups,
         BLOCK_G=min(128, max(16, next_pow2(num_groups))),
         SPLIT=split,
         BLOCK_T=block_t,

@@ -558,11 +558,34 @@ def test_decode_input_gemv_builds_its_union_list(k, m, kind):
     expected = ref.input_group_linear_reference(x, w, mask, gs, b)
     plan = gp.build_group_plan(mask, parts=("union",))
     for split in (1, 3):
-        cfg = {"SPLIT": split}
+        cfg = {"SPLIT": split, "ALL_GROUPS": False}  # the list (the default walks all groups from two tokens)
         own = lin.input_group_linear(x, w, mask, gs, b, path="gemv", config=cfg, out=_poisoned((m, n), x.dtype))
         _check(own, expected, x.dtype)
         shared = lin.input_group_linear(x, w, mask, gs, b, plan, path="gemv", config=cfg)
         assert torch.equal(own, shared)  # same list, same order of the sums
+
+
+@pytest.mark.parametrize("m", [1, 6])
+@pytest.mark.parametrize("kind", MASKS)
+def test_decode_input_gemv_over_all_groups_predicates_unused_ones(k, m, kind):
+    """``ALL_GROUPS``: no union list; every program walks every group (150: ragged split ranges) and predicates off
+    the weight loads of groups no token uses. Input masked in its loads or pre-masked; equals the reference."""
+    gen = torch.Generator().manual_seed(hash(("all", m, kind)) % 2**31)
+    lin, ref = k["group_linear"], k["ref"]
+    gs, groups, n = 16, 150, 40
+    x = torch.randn(m, gs * groups, generator=gen).to(torch.float16)
+    w = (torch.randn(n, gs * groups, generator=gen) / 40).to(torch.float16)
+    b = torch.randn(n, generator=gen).to(torch.float16)
+    mask = _mask(kind, m, groups, gen)
+    expected = ref.input_group_linear_reference(x, w, mask, gs, b)
+    xm = x * (mask != 0).repeat_interleave(gs, dim=-1).to(x.dtype)
+    for split in (1, 3):
+        cfg = {"SPLIT": split, "ALL_GROUPS": True}
+        y = lin.input_group_linear(x, w, mask, gs, b, path="gemv", config=cfg, out=_poisoned((m, n), x.dtype))
+        _check(y, expected, x.dtype)
+        y = lin.input_group_linear(xm, w, mask, gs, b, path="gemv", x_is_masked=True, config=cfg,
+                                   out=_poisoned((m, n), x.dtype))
+        _check(y, expected, x.dtype)
 
 
 def test_split_kernels_leave_the_shared_arrival_counters_at_zero(k):
@@ -637,13 +660,29 @@ def test_decode_configs_at_one_token(k, monkeypatch):
     assert gemv.output_config(512, 4096, False, num_tokens=2)["SPLIT"] == 2
     assert gemv.output_config(64, 576, False, num_tokens=1)["SPLIT"] == 8  # small K: as before
     short = dict(BLOCK_N=32, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=12)
-    default = dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=5)
+    default = dict(BLOCK_N=64, BLOCK_K=128, SPLIT=4, num_warps=4, num_stages=5, ALL_GROUPS=False)
     assert gemv.input_config(512, num_tokens=1, num_groups=8, n_dim=4096) == short  # o_proj
     assert gemv.input_config(128, num_tokens=1, num_groups=32, n_dim=4096) == short
     assert gemv.input_config(128, num_tokens=1, num_groups=112, n_dim=4096) == short  # down
     assert gemv.input_config(128, num_tokens=1, num_groups=113, n_dim=4096) == default  # wider than measured
-    assert gemv.input_config(128, num_tokens=2, num_groups=32, n_dim=4096) == default
+    assert gemv.input_config(128, num_tokens=2, num_groups=32, n_dim=4096) == dict(default, ALL_GROUPS=True)
     assert gemv.input_config(128, num_tokens=1, num_groups=12, n_dim=576) == default  # few rows: as before
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [
+    (2, dict(BLOCK_N=64, num_warps=4, num_stages=5, ALL_GROUPS=True)),
+    (4, dict(BLOCK_N=128, num_warps=8, num_stages=4, ALL_GROUPS=True)),
+    (32, dict(BLOCK_N=128, num_warps=8, num_stages=4, ALL_GROUPS=True)),
+    (33, dict(BLOCK_N=64, num_warps=4, num_stages=5, ALL_GROUPS=False)),
+])
+def test_input_gemv_walks_all_groups_from_two_tokens(k, monkeypatch, tokens, expected):
+    """2-32 tokens (H200, kernels_linear_sweep_input_all_groups.json): no union list, weight loads of unused groups
+    predicated off; 128-row tiles with 8 warps from 4 tokens; a forced GEMV above 32 tokens keeps the earlier
+    defaults."""
+    gemv = k["gemv_decode"]
+    monkeypatch.setattr(gemv, "interpreting", lambda: False)
+    cfg = gemv.input_config(128, num_tokens=tokens, num_groups=112, n_dim=4096)
+    assert {key: cfg[key] for key in expected} == expected and cfg["SPLIT"] == 4
 
 
 @pytest.mark.parametrize(("op", "tokens", "gemv"), [
@@ -844,13 +883,14 @@ def test_input_gemv_above_sixteen_tokens(k, kind, m):
 
 
 def test_input_gemv_stages_fit_the_token_tile(k, monkeypatch):
-    """Above 16 tokens the input-group GEMV's default pipeline is cut to what fits in shared memory: 5 stages of a
-    64-row weight tile and a 16-64-token tile, 4 at 128 tokens, 2 at 256; fp32 halves what fits."""
+    """The input-group GEMV's default pipeline is cut to what fits in shared memory: 5 stages of a 64-row weight tile
+    and a 16-token tile at 2 tokens, 4 of a 128-row tile at 16-32 tokens, and above 32 tokens (64-row tiles again) 5
+    with a 64-token tile, 4 at 128 tokens, 2 at 256; fp32 halves what fits."""
     gemv = k["gemv_decode"]
     monkeypatch.setattr(gemv, "interpreting", lambda: False)
     stages = {m: gemv.input_config(128, num_tokens=m, num_groups=112, n_dim=4096)["num_stages"]
               for m in (2, 16, 32, 64, 128, 256)}
-    assert stages == {2: 5, 16: 5, 32: 5, 64: 5, 128: 4, 256: 2}
+    assert stages == {2: 5, 16: 4, 32: 4, 64: 5, 128: 4, 256: 2}
     assert gemv.input_config(128, num_tokens=128, num_groups=112, n_dim=4096, elem_bytes=4)["num_stages"] == 2
 
 
