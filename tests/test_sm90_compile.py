@@ -25,6 +25,7 @@ from wide_compile.templates.attention_decode import _decode_split_kernel
 from wide_compile.templates.attention_prefill import _prefill_kernel
 from wide_compile.templates.gemm_gated_up import _gated_up_gemm_kernel
 from wide_compile.templates.gemm_output_groups import _output_groups_gemm_kernel
+from wide_compile.templates.gemv_decode import _input_groups_gemv_kernel
 from wide_compile.templates.router_mask import _router_mask_kernel
 
 bf = "*bf16"
@@ -72,6 +73,12 @@ for name, presplit, block_k, stages in (("router_4k", False, 64, 3), ("router_4k
     out[name] = kernel_stats(compile_sm90(_router_mask_kernel, router, dict(
         SPLIT=1, BLOCK_M=64, BLOCK_K=block_k, BLOCK_R=32, BLOCK_G=64, EVEN_K=True, W_SPLIT3=True, W_PARTS=2,
         PRESPLIT=presplit, LOGIT_DIFF=True, EPILOGUE_PRECISION="tf32x3", USE_GDC=False), (), 4, stages))
+gemv = {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "mask_ptr": "*u8", "union_ptr": "*i32",
+        "union_count_ptr": "*i32", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+for name, all_groups in (("input_gemv_list", False), ("input_gemv_all_groups", True)):
+    out[name] = kernel_stats(compile_sm90(_input_groups_gemv_kernel, gemv, dict(
+        GROUP_SIZE=128, HAS_BIAS=False, ROW_MASK=False, OWN_UNION=not all_groups, ALL_GROUPS=all_groups, BLOCK_G=128,
+        SPLIT=4, BLOCK_T=16, BLOCK_N=64, BLOCK_K=128, UPCAST=False, DOT_PRECISION="tf32", USE_GDC=False), (), 4, 5))
 print("RESULT " + json.dumps(out))
 '''
 
@@ -134,3 +141,12 @@ def test_rotary_epilogue_keeps_the_query_gemm_in_its_shared_memory(stats):
     the un-rotated one's pipeline buffers (one program per SM either way) nor more than the H200's 227 KB."""
     plain, rotary = stats["query_tma"], stats["query_tma_rotary"]
     assert rotary["smem"] <= max(plain["smem"], 64 * 1024) and rotary["smem"] <= 227 * 1024, (plain, rotary)
+
+
+def test_input_gemv_over_all_groups_keeps_its_whole_pipeline(stats):
+    """The input-group GEMV's union list costs pipeline stages (each weight address waits on a list entry): with 5
+    stages the list path holds 3 in shared memory; walking every group with predicated weight loads (``ALL_GROUPS``,
+    the default at 2-32 tokens) holds all 5 ([64 x 128] weight + [128 x 16] token tile = 20 KB each)."""
+    listed, walked = stats["input_gemv_list"], stats["input_gemv_all_groups"]
+    assert walked["smem"] >= 5 * 20 * 1024 > listed["smem"], (listed, walked)
+    assert walked["cp_async"] > listed["cp_async"], (listed, walked)
