@@ -8,7 +8,8 @@ fraction of (batch, KV head) pairs inactive; CUDA-graph replays over rotated q/K
 are medians over rounds of the median replay. Split plus reduction launches are both timed.
 
 Usage (GPU): ``python benchmarks/decode_split_rule.py [--out-dir benchmarks/results] [--rounds 3] [--shapes 16:4096,...]
-[--name decode_split_rule.json] [--configs 128/8/3,...] [--sparsities 0.5,0]``. ``--baseline-module M`` also times the default rule through ``M.launch_decode``
+[--name decode_split_rule.json] [--configs 128/8/3,...] [--sparsities 0.5,0]``. ``--baseline-module M`` also times
+the default rule through ``M.launch_decode``
 (label "baseline"): with a copy of the previous ``templates/attention_decode.py`` saved as
 ``templates/attention_decode_prev.py`` (not committed), ``M = wide_compile.templates.attention_decode_prev`` gives an
 A/B of a kernel change in one process.

@@ -192,9 +192,9 @@ class Case:
 
     def read_fns(self, masks: list, sms: int) -> dict | None:
         """Per read variant (``stream_read.READ_VARIANTS``), thunks that only read as many weight bytes as the union
-        of each copy's draw holds (contiguous, from the start of that copy's weight; whole rows of the other dim), or None
-        for ffn. No kernel of this op can read the union's weights faster than the fastest way of reading that many
-        bytes; the table takes the faster of these and the union cuBLAS (``read_us``)."""
+        of each copy's draw holds (contiguous, from the start of that copy's weight; whole rows of the other dim), or
+        None for ffn. The table takes the faster of these and the union cuBLAS (``read_us``): what reading the bytes
+        the op needs costs without its arithmetic, by the fastest reads measured."""
         kind, gs = self.cfg["kind"], self.cfg["gs"]
         if kind == "ffn":
             return None
@@ -444,8 +444,8 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
              "weight of exactly the groups some token of the batch uses (an oracle static pruner for this batch; "
              "input groups with x restricted to those columns; equal to dense where every group is used). "
              f"read (up to {READ_MAX_TOKENS} tokens) = the faster of union and a kernel that only reads as many "
-             "contiguous weight bytes as each draw's union holds (benchmarks/stream_read.py: register loads, or a pipelined "
-             f"cp.async loop as the GEMVs read; best of {len(READ_VARIANTS)} launch shapes). "
+             "contiguous weight bytes as each draw's union holds (benchmarks/stream_read.py: register loads, or a "
+             f"pipelined cp.async loop as the GEMVs read; best of {len(READ_VARIANTS)} launch shapes). "
              "speedup = dense / ours. bound = max(bytes / copy BW, flops / matmul rate) per draw, averaged.", "",
              "| op | mask | M | ours | dense | dense+act | half | union | read | bound | speedup | % bound | TB/s | "
              "TFLOP/s |",

@@ -12,8 +12,9 @@ kernel does on the same bytes" (for the linear targets, whether that library ker
   ``benchmarks/trained_masks.py``): the fraction of the same bound that cuBLAS reaches reading the union of the
   groups (the whole weight once a few i.i.d. tokens use every group).
 - linear, 1-256 tokens, also ``read``: the faster of that cuBLAS kernel and a kernel that only reads as many
-  contiguous weight bytes as the union holds (``benchmarks/stream_read.py``). Where even that misses the target, no
-  kernel of the op can meet it on this GPU in this harness (each call is its own launch in a CUDA graph).
+  contiguous weight bytes as the union holds (``benchmarks/stream_read.py``). Where even that misses the target, a
+  kernel of the op would have to read its weights faster than any read measured here (each call its own launch in a
+  CUDA graph), with its arithmetic on top.
 - linear, >= 4096 tokens (>= 1.85x): cuBLAS on a statically half-width weight, as a speed-up.
 - attention decode where B x S >= 64k (>= 1.8x of SDPA): the speed-up the K/V bytes allow at the measured streaming
   rate (roofline), and SDPA's own read rate; prefill at >= 8k tokens (>= 1.8x): the roofline speed-up.
@@ -144,8 +145,8 @@ def misses_summary(rows: list[dict]) -> str:
     text = (f"Of the {len(misses)} misses, {len(few)} are linear targets at 1-256 tokens; cuBLAS reading exactly the "
             f"groups the batch uses does not meet {len(above)} of them either, and on {len(matched)} of those ours "
             f"takes at most 5% longer than that cuBLAS kernel, or less time. "
-            + (f"Of the {len(read_known)} with a read timed beside them, {len(unreadable)} are out of reach of any "
-               "kernel of the op: only reading its weight bytes, with no arithmetic, takes too long to meet them. "
+            + (f"Of the {len(read_known)} with a read timed beside them, {len(unreadable)} are out of reach of a "
+               "kernel that only reads the op's weight bytes (the fastest read measured, no arithmetic). "
                if read_known else "")
             + f"{len(prefill)} are prefill linear targets "
             f"({prefill_text}); there the reference is another product, cuBLAS on a statically half-width weight "

@@ -1,4 +1,5 @@
-"""A kernel that only reads: the floor under any kernel that must stream the same bytes.
+"""Kernels that only read: what streaming a number of bytes costs without any arithmetic (the fastest reads measured,
+not a proven floor: where the library's GEMVs read faster, they are the better reader).
 
 ``_read_kernel`` sums a contiguous range of a bf16 buffer with plain register loads and stores one fp32 per program
 (stop 29's ``register_stream_probe.py``: below about 50 MB it reads faster than cuBLAS's GEMV and the library's

@@ -543,19 +543,26 @@ def test_bad_inputs_raise_clear_errors(k):
         lin.output_group_linear(x, w, mask, 0)
 
 
-@pytest.mark.parametrize("m", [1, 5, 16])
-@pytest.mark.parametrize("kind", MASKS)
-def test_decode_input_gemv_builds_its_union_list(k, m, kind):
-    """Without a plan the input-group GEMV builds the union list in every program (150 groups: two chunks of the
-    group loop, ragged N); the result equals the reference and the shared-plan path, split or not."""
-    gen = torch.Generator().manual_seed(hash((m, kind)) % 2**31)
-    lin, gp, ref = k["group_linear"], k["group_plan"], k["ref"]
+def _wide_input_case(k, m: int, kind: str, seed: int):
+    """An input-group GEMV case over 150 groups of 16 (two chunks of the union scan, ragged split ranges), fp16, 40
+    output rows: ``(x, w, b, mask, group_size, reference output)``."""
+    gen = torch.Generator().manual_seed(seed % 2**31)
     gs, groups, n = 16, 150, 40
     x = torch.randn(m, gs * groups, generator=gen).to(torch.float16)
     w = (torch.randn(n, gs * groups, generator=gen) / 40).to(torch.float16)
     b = torch.randn(n, generator=gen).to(torch.float16)
     mask = _mask(kind, m, groups, gen)
-    expected = ref.input_group_linear_reference(x, w, mask, gs, b)
+    return x, w, b, mask, gs, k["ref"].input_group_linear_reference(x, w, mask, gs, b)
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("kind", MASKS)
+def test_decode_input_gemv_builds_its_union_list(k, m, kind):
+    """Without a plan the input-group GEMV builds the union list in every program (150 groups: two chunks of the
+    group loop, ragged N); the result equals the reference and the shared-plan path, split or not."""
+    lin, gp = k["group_linear"], k["group_plan"]
+    x, w, b, mask, gs, expected = _wide_input_case(k, m, kind, hash((m, kind)))
+    n = w.shape[0]
     plan = gp.build_group_plan(mask, parts=("union",))
     for split in (1, 3):
         cfg = {"SPLIT": split, "ALL_GROUPS": False}  # the list (the default walks all groups from two tokens)
@@ -570,14 +577,9 @@ def test_decode_input_gemv_builds_its_union_list(k, m, kind):
 def test_decode_input_gemv_over_all_groups_predicates_unused_ones(k, m, kind):
     """``ALL_GROUPS``: no union list; every program walks every group (150: ragged split ranges) and predicates off
     the weight loads of groups no token uses. Input masked in its loads or pre-masked; equals the reference."""
-    gen = torch.Generator().manual_seed(hash(("all", m, kind)) % 2**31)
-    lin, ref = k["group_linear"], k["ref"]
-    gs, groups, n = 16, 150, 40
-    x = torch.randn(m, gs * groups, generator=gen).to(torch.float16)
-    w = (torch.randn(n, gs * groups, generator=gen) / 40).to(torch.float16)
-    b = torch.randn(n, generator=gen).to(torch.float16)
-    mask = _mask(kind, m, groups, gen)
-    expected = ref.input_group_linear_reference(x, w, mask, gs, b)
+    lin = k["group_linear"]
+    x, w, b, mask, gs, expected = _wide_input_case(k, m, kind, hash(("all", m, kind)))
+    n = w.shape[0]
     xm = x * (mask != 0).repeat_interleave(gs, dim=-1).to(x.dtype)
     for split in (1, 3):
         cfg = {"SPLIT": split, "ALL_GROUPS": True}
