@@ -543,11 +543,11 @@ def test_bad_inputs_raise_clear_errors(k):
         lin.output_group_linear(x, w, mask, 0)
 
 
-def _wide_input_case(k, m: int, kind: str, seed: int):
-    """An input-group GEMV case over 150 groups of 16 (two chunks of the union scan, ragged split ranges), fp16, 40
-    output rows: ``(x, w, b, mask, group_size, reference output)``."""
+def _wide_input_case(k, m: int, kind: str, seed: int, groups: int = 150):
+    """An input-group GEMV case over ``groups`` groups of 16 (150: two chunks of the union scan; ragged split ranges),
+    fp16, 40 output rows: ``(x, w, b, mask, group_size, reference output)``."""
     gen = torch.Generator().manual_seed(seed % 2**31)
-    gs, groups, n = 16, 150, 40
+    gs, n = 16, 40
     x = torch.randn(m, gs * groups, generator=gen).to(torch.float16)
     w = (torch.randn(n, gs * groups, generator=gen) / 40).to(torch.float16)
     b = torch.randn(n, generator=gen).to(torch.float16)
@@ -575,10 +575,10 @@ def test_decode_input_gemv_builds_its_union_list(k, m, kind):
 @pytest.mark.parametrize("m", [1, 6])
 @pytest.mark.parametrize("kind", MASKS)
 def test_decode_input_gemv_over_all_groups_predicates_unused_ones(k, m, kind):
-    """``ALL_GROUPS``: no union list; every program walks every group (150: ragged split ranges) and predicates off
+    """``ALL_GROUPS``: no union list; every program walks every group (37: ragged split ranges) and predicates off
     the weight loads of groups no token uses. Input masked in its loads or pre-masked; equals the reference."""
     lin = k["group_linear"]
-    x, w, b, mask, gs, expected = _wide_input_case(k, m, kind, hash(("all", m, kind)))
+    x, w, b, mask, gs, expected = _wide_input_case(k, m, kind, hash(("all", m, kind)), groups=37)
     n = w.shape[0]
     xm = x * (mask != 0).repeat_interleave(gs, dim=-1).to(x.dtype)
     for split in (1, 3):
