@@ -72,6 +72,12 @@ def _check(src: torch.Tensor, numel: int, out: torch.Tensor, programs: int) -> N
         raise ValueError(f"stream_read: out needs >= {programs} fp32 elements, got {out.numel()} {out.dtype}")
 
 
+def _dot_programs(numel: int, row: int, block_n: int) -> int:
+    """Programs of ``_read_dot_kernel`` on ``numel`` elements in rows of ``row``: one per ``block_n`` rows, at least
+    one."""
+    return max(1, -(-(numel // row) // block_n))
+
+
 def read_dot_call(src: torch.Tensor, numel: int, out: torch.Tensor, row: int, block_n: int, block_k: int,
                   stages: int, warps: int):
     """A thunk that reads the first ``numel`` elements of ``src`` (a whole number of ``row``-element rows) with
@@ -80,7 +86,7 @@ def read_dot_call(src: torch.Tensor, numel: int, out: torch.Tensor, row: int, bl
         raise ValueError(f"stream_read: numel={numel} must be whole rows of {row}, and {row} a multiple of "
                          f"BLOCK_K={block_k}")
     rows = numel // row
-    programs = max(1, -(-rows // block_n))
+    programs = _dot_programs(numel, row, block_n)
     _check(src, numel, out, programs)
     flat = src.view(-1)
     return (lambda: _read_dot_kernel[(programs,)](flat, out, rows, ROW=row, BLOCK_N=block_n, BLOCK_K=block_k,
@@ -111,5 +117,6 @@ def read_fns(srcs: list, numels: list, out: torch.Tensor, variant: str, sms: int
 def out_elements(numels: list, sms: int, row: int) -> int:
     """fp32 elements of ``out`` that every variant's launch on these lengths needs."""
     reg = max(shape[0] for kernel, shape in READ_VARIANTS.values() if kernel == "reg") * sms
-    dot = max(-(-(n // row) // shape[0]) for n in numels for kernel, shape in READ_VARIANTS.values() if kernel == "dot")
-    return max(reg, dot, 1)
+    dot = max(_dot_programs(n, row, shape[0]) for n in numels for kernel, shape in READ_VARIANTS.values()
+              if kernel == "dot")
+    return max(reg, dot)

@@ -424,13 +424,13 @@ def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_di
     35.1 / 33.8 and 34.6 / 33.3; o_proj 8 tokens 12.5 / 12.4 and 11.2 / 11.0; 2 tokens with the default tiles: down
     27.1 / 26.5 and 25.0 / 24.9. One token keeps the list (walking all groups took twice as long at 50%); above
     ``ALL_GROUPS_MAX_TOKENS`` (a forced GEMV) the earlier tiles and the list stay."""
+    all_groups = ALL_GROUPS_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
-                    num_stages=1, ALL_GROUPS=ALL_GROUPS_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS)
+                    num_stages=1, ALL_GROUPS=all_groups)
     block_k = largest_pow2_divisor(group_size, 128)
     if num_tokens == 1 and 0 < num_groups * group_size <= SHORT_INPUT_MAX_K and n_dim >= SHORT_INPUT_MIN_ROWS:
         return dict(BLOCK_N=32, BLOCK_K=block_k, SPLIT=1, num_warps=4, num_stages=12)
-    all_groups = ALL_GROUPS_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS
     if WIDE_INPUT_TILE_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS:
         stages = _pipeline_stages(128, block_k, _token_tile(num_tokens), elem_bytes, most=4)
         return dict(BLOCK_N=128, BLOCK_K=block_k, SPLIT=4, num_warps=8, num_stages=stages, ALL_GROUPS=all_groups)
