@@ -1,0 +1,190 @@
+"""Probe: where the down GEMV at a few tokens loses its ~10% to a read of the same bytes (stop 37).
+
+Stop 36 timed a pipelined read of the union's bytes beside every decode row (``stream_read.py``): at 8 tokens the
+down projection's input-group GEMV took 32.4 µs, the read 29.3, cuBLAS dense 32.2. The read streams the bytes as
+rows of 4096 elements (8 KB, the other dimension of the weight); the GEMV reads 128-row x 128-column tiles of the
+``[4096, 14336]`` weight (256 B per row per step, rows 28 KB apart) and adds per step: a token tile of ``x``, a mask
+row with a predicate on the weight load, and at the end a split-K finish. This probe builds the GEMV up from the bare
+read, one part at a time, in one kernel (``_parts_kernel``, each part a constexpr), so each part's cost is a
+difference of two rows timed in the same interleaved rounds:
+
+- ``read`` rows: the bare tile read, on the down layout with the GEMV's tiling and others, and on the transposed
+  layout (``[14336, 4096]``, the read of ``stream_read``);
+- ``+x``: the token tile of ``x`` loaded per step (the read's MMA takes a constant ones tile);
+- ``+mask``: the group's mask row loaded per step, weight loads predicated off for unused groups, ``x`` zero-filled
+  for tokens off the group (as ``ALL_GROUPS``);
+- ``+finish``: the fp32 partials and arrival counter of ``gemv_decode._split_k_finish``;
+- ``gemv``: the library's ``input_groups_gemv`` on the same masks; ``cublas``: ``F.linear`` on the dense weight,
+  in both layouts.
+
+    python3 benchmarks/down_gemv_parts_probe.py --out FILE.json [--tokens 8] [--rounds 5]
+
+Timing: ``kernels_linear.bench_graph`` (CUDA-graph replays of 4 rotated copies, 470 MB per replay), ``--rounds``
+interleaved rounds, median.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels_linear import bench_graph, ceilings, interleaved  # noqa: E402
+from templates.gemv_decode import _split_k_finish, input_groups_gemv  # noqa: E402
+from templates.arrival_counters import arrival_counters  # noqa: E402
+
+N_OUT, K_IN, GROUP = 4096, 14336, 128
+COPIES = 4
+
+
+@triton.jit
+def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C: tl.constexpr, G,
+                  SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+                  STAGES: tl.constexpr, X_TILE: tl.constexpr, MASK: tl.constexpr, FINISH: tl.constexpr):
+    """A ``[R, C]`` weight read in ``[BLOCK_N, BLOCK_K]`` tiles, C split in ``SPLIT``; optional parts of the GEMV."""
+    pid = tl.program_id(0)
+    split = pid % SPLIT
+    tile = pid // SPLIT
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = offs_n < R
+    offs_nc = tl.minimum(offs_n, R - 1).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_t = tl.arange(0, BLOCK_T)
+    valid_t = offs_t < M
+    k_len: tl.constexpr = C // SPLIT
+    k_begin = split * k_len
+    w_rows = w_ptr + offs_nc[:, None] * C + (k_begin + offs_k)[None, :]
+    x_cols = x_ptr + offs_t[None, :] * C + (k_begin + offs_k)[:, None]
+    ones = tl.full([BLOCK_K, BLOCK_T], 1.0, dtype=w_ptr.dtype.element_ty)
+    acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    for k in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
+        if MASK:
+            g = (k_begin + k) // 128
+            tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
+            used = tl.max(tok_on.to(tl.int32), axis=0) > 0
+            w = tl.load(w_rows + k, mask=row_ok[:, None] & used, other=0.0)
+            xt = tl.load(x_cols + k, mask=tok_on[None, :], other=0.0)
+        else:
+            w = tl.load(w_rows + k)
+            if X_TILE:
+                xt = tl.load(x_cols + k, mask=valid_t[None, :], other=0.0)
+            else:
+                xt = ones
+        acc = tl.dot(w, xt, acc)
+    finish = True
+    if FINISH:
+        finish, acc, _unused = _split_k_finish(acc, acc, ws_ptr, counter_ptr, tile, split, SPLIT, False, BLOCK_N,
+                                               BLOCK_T)
+    if finish:
+        tl.store(out_ptr + offs_n[:, None] * BLOCK_T + offs_t[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+
+
+def parts_fns(ws: list, xs: list, masks: list, out: torch.Tensor, rows: int, cols: int, block_n: int, block_k: int,
+              split: int, stages: int, warps: int, x_tile: bool = False, mask: bool = False,
+              finish: bool = False) -> list:
+    tiles = triton.cdiv(rows, block_n)
+    work = torch.empty(tiles * split * 2 * block_n * 16, device="cuda", dtype=torch.float32)
+    counters = arrival_counters(tiles, torch.device("cuda"))
+    m = xs[0].shape[0]
+
+    def one(w, x, mk):
+        return lambda: _parts_kernel[(tiles * split,)](
+            w, x, mk, out, work, counters, m, rows, cols, mk.shape[1], SPLIT=split, BLOCK_N=block_n,
+            BLOCK_K=block_k, BLOCK_T=16, STAGES=stages, X_TILE=x_tile, MASK=mask, FINISH=finish, num_warps=warps)
+    return [one(w, x, mk) for w, x, mk in zip(ws, xs, masks)]
+
+
+def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> dict:
+    down = dict(rows=N_OUT, cols=K_IN)
+    gemv_tiling = dict(block_n=128, block_k=128, split=4, stages=4, warps=8)
+    every_part = dict(x_tile=True, mask=True, finish=True)
+    timed = {
+        "read down layout, 128x128 split 4 (the GEMV's tiling)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling),
+        "read down layout, 64x128 split 4, 5 stages": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128,
+                                                                  split=4, stages=5, warps=4),
+        "read down layout, 64x128 split 2": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128, split=2,
+                                                      stages=4, warps=4),
+        "read down layout, 32x256 split 4": parts_fns(ws, xs, masks, out, **down, block_n=32, block_k=256, split=4,
+                                                      stages=4, warps=4),
+        "read down layout, 16x512 split 4": parts_fns(ws, xs, masks, out, **down, block_n=16, block_k=512, split=4,
+                                                      stages=4, warps=4),
+        "read transposed, 64x128 (stream_read's)": parts_fns(wts, xs, masks, out, rows=K_IN, cols=N_OUT,
+                                                               block_n=64, block_k=128, split=1, stages=4, warps=4),
+        "read transposed, 128x128 split 1": parts_fns(wts, xs, masks, out, rows=K_IN, cols=N_OUT, block_n=128,
+                                                      block_k=128, split=1, stages=4, warps=8),
+        "+x (GEMV's tiling)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True),
+        "+x +mask": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=True),
+        "+x +mask +finish": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=True, finish=True),
+        "+x +finish (no mask)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, finish=True),
+        "+x +mask +finish, 64x128 split 4, 5 stages": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128,
+                                                                 split=4, stages=5, warps=4, **every_part),
+        "+x +mask +finish, 64x128 split 2": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128, split=2,
+                                                       stages=4, warps=4, **every_part),
+        "gemv (library, masked x)": [lambda w=w, x=x, mk=mk: input_groups_gemv(x, w, None, mk, None, None, GROUP)
+                                     for w, x, mk in zip(ws, xs, masks)],
+        "gemv (library, pre-masked x)": [lambda w=w, x=x, mk=mk: input_groups_gemv(x, w, None, mk, None, None, GROUP,
+                                                                                   x_is_masked=True)
+                                         for w, x, mk in zip(ws, xs, masks)],
+        "cublas dense": [lambda w=w, x=x: F.linear(x, w) for w, x in zip(ws, xs)],
+        "cublas dense, transposed storage": [lambda wt=wt, x=x: F.linear(x, wt.t()) for wt, x in zip(wts, xs)],
+    }
+    return timed
+
+
+def check(ws: list, xs: list, masks: list) -> float:
+    """The parts kernel with every part on computes the masked product (max abs error against torch, fp32)."""
+    out = torch.empty(N_OUT, 16, device="cuda", dtype=torch.float32)
+    fn = parts_fns(ws[:1], xs[:1], masks[:1], out, N_OUT, K_IN, 128, 128, 4, 4, 8, x_tile=True, mask=True,
+                   finish=True)[0]
+    fn()
+    xm = xs[0].float() * masks[0].float().repeat_interleave(GROUP, dim=1)
+    ref = xm @ ws[0].float().t()
+    return float((out[:, :xs[0].shape[0]].t() - ref).abs().max())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(37)
+    ws = [torch.randn(N_OUT, K_IN, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(COPIES)]
+    wts = [w.t().contiguous() for w in ws]
+    xs = [torch.randn(args.tokens, K_IN, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(COPIES)]
+    masks = [(torch.rand(args.tokens, K_IN // GROUP, device="cuda", generator=gen) < 0.5).to(torch.uint8)
+             for _ in range(COPIES)]
+    out = torch.empty(max(N_OUT, K_IN) * 16, device="cuda", dtype=torch.float32)
+    err = check(ws, xs, masks)
+    ceil = ceilings()
+    samples = interleaved(variants(ws, wts, xs, masks, out), args.rounds)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    union_bytes = statistics.fmean(int(mk.any(0).sum()) for mk in masks) * GROUP * N_OUT * 2
+    print(f"tokens {args.tokens}, union {union_bytes / 1e6:.1f} MB of {N_OUT * K_IN * 2 / 1e6:.1f}; parts check max "
+          f"abs err {err:.3g}; copy {ceil['copy_TBps']:.2f} TB/s")
+    print(f"{'variant':60s} {'µs':>7s} {'TB/s (all bytes)':>17s}")
+    for k, v in med.items():
+        print(f"{k:60s} {v:7.2f} {N_OUT * K_IN * 2 / (v * 1e-6) / 1e12:17.2f}")
+    res = {"meta": {"command": "python3 benchmarks/down_gemv_parts_probe.py " + " ".join(sys.argv[1:]),
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                    "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                    "python": platform.python_version(), "tokens": args.tokens, "rounds": args.rounds,
+                    "union_MB": union_bytes / 1e6, "parts_check_max_abs_err": err, **ceil},
+           "median_us": med, "samples_us": samples}
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
