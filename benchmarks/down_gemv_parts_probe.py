@@ -45,6 +45,9 @@ from templates.arrival_counters import arrival_counters  # noqa: E402
 
 N_OUT, K_IN, GROUP = 4096, 14336, 128
 COPIES = 4
+# the library GEMV without a split-K finish (every program over the whole K) and its current default
+GEMV_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=128, SPLIT=1, num_warps=w, num_stages=st, ALL_GROUPS=True)
+                for bn, w, st in ((32, 4, 12), (32, 4, 8), (16, 4, 12), (16, 4, 8), (64, 4, 6))]
 
 
 @triton.jit
@@ -136,6 +139,13 @@ def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> d
         "gemv (library, pre-masked x)": [lambda w=w, x=x, mk=mk: input_groups_gemv(x, w, None, mk, None, None, GROUP,
                                                                                    x_is_masked=True)
                                          for w, x, mk in zip(ws, xs, masks)],
+        **{f"gemv {c['BLOCK_N']}x128 split {c['SPLIT']}, {c['num_stages']} stages, {c['num_warps']} warps":
+           [lambda w=w, x=x, mk=mk, c=c: input_groups_gemv(x, w, None, mk, None, None, GROUP, config=c)
+            for w, x, mk in zip(ws, xs, masks)] for c in GEMV_CONFIGS},
+        "read down layout, 32x128 split 1, 12 stages": parts_fns(ws, xs, masks, out, **down, block_n=32,
+                                                                  block_k=128, split=1, stages=12, warps=4),
+        "+x +mask, 32x128 split 1, 12 stages": parts_fns(ws, xs, masks, out, **down, block_n=32, block_k=128,
+                                                          split=1, stages=12, warps=4, x_tile=True, mask=True),
         "cublas dense": [lambda w=w, x=x: F.linear(x, w) for w, x in zip(ws, xs)],
         "cublas dense, transposed storage": [lambda wt=wt, x=x: F.linear(x, wt.t()) for wt, x in zip(wts, xs)],
     }
