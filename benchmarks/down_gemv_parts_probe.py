@@ -97,14 +97,15 @@ def parts_fns(ws: list, xs: list, masks: list, out: torch.Tensor, rows: int, col
               split: int, stages: int, warps: int, x_tile: bool = False, mask: bool = False,
               finish: bool = False) -> list:
     tiles = triton.cdiv(rows, block_n)
-    work = torch.empty(tiles * split * 2 * block_n * 16, device="cuda", dtype=torch.float32)
-    counters = arrival_counters(tiles, torch.device("cuda"))
     m = xs[0].shape[0]
+    block_t = max(16, triton.next_power_of_2(m))
+    work = torch.empty(tiles * split * 2 * block_n * block_t, device="cuda", dtype=torch.float32)
+    counters = arrival_counters(tiles, torch.device("cuda"))
 
     def one(w, x, mk):
         return lambda: _parts_kernel[(tiles * split,)](
             w, x, mk, out, work, counters, m, rows, cols, mk.shape[1], SPLIT=split, BLOCK_N=block_n,
-            BLOCK_K=block_k, BLOCK_T=16, STAGES=stages, X_TILE=x_tile, MASK=mask, FINISH=finish, num_warps=warps)
+            BLOCK_K=block_k, BLOCK_T=block_t, STAGES=stages, X_TILE=x_tile, MASK=mask, FINISH=finish, num_warps=warps)
     return [one(w, x, mk) for w, x, mk in zip(ws, xs, masks)]
 
 
@@ -154,7 +155,8 @@ def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> d
 
 def check(ws: list, xs: list, masks: list) -> float:
     """The parts kernel with every part on computes the masked product (max abs error against torch, fp32)."""
-    out = torch.empty(N_OUT, 16, device="cuda", dtype=torch.float32)
+    block_t = max(16, triton.next_power_of_2(xs[0].shape[0]))
+    out = torch.empty(N_OUT, block_t, device="cuda", dtype=torch.float32)
     fn = parts_fns(ws[:1], xs[:1], masks[:1], out, N_OUT, K_IN, 128, 128, 4, 4, 8, x_tile=True, mask=True,
                    finish=True)[0]
     fn()
@@ -175,7 +177,8 @@ def main() -> None:
     xs = [torch.randn(args.tokens, K_IN, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(COPIES)]
     masks = [(torch.rand(args.tokens, K_IN // GROUP, device="cuda", generator=gen) < 0.5).to(torch.uint8)
              for _ in range(COPIES)]
-    out = torch.empty(max(N_OUT, K_IN) * 16, device="cuda", dtype=torch.float32)
+    out = torch.empty(max(N_OUT, K_IN) * max(16, triton.next_power_of_2(args.tokens)), device="cuda",
+                      dtype=torch.float32)
     err = check(ws, xs, masks)
     ceil = ceilings()
     samples = interleaved(variants(ws, wts, xs, masks, out), args.rounds)
