@@ -70,13 +70,33 @@ def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C:
     x_cols = x_ptr + offs_t[None, :] * C + (k_begin + offs_k)[:, None]
     ones = tl.full([BLOCK_K, BLOCK_T], 1.0, dtype=w_ptr.dtype.element_ty)
     acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    if MASK == 2:  # every group's "any token uses it" bit, packed into two words at the start (G <= 128)
+        offs_g = tl.arange(0, 64)
+        lo_on = tl.load(mask_ptr + offs_t[:, None] * G + offs_g[None, :],
+                        mask=valid_t[:, None] & (offs_g < G)[None, :], other=0) != 0
+        hi_on = tl.load(mask_ptr + offs_t[:, None] * G + 64 + offs_g[None, :],
+                        mask=valid_t[:, None] & (offs_g + 64 < G)[None, :], other=0) != 0
+        lo_word = tl.sum(tl.max(lo_on.to(tl.int64), axis=0) << offs_g.to(tl.int64), axis=0)
+        hi_word = tl.sum(tl.max(hi_on.to(tl.int64), axis=0) << offs_g.to(tl.int64), axis=0)
     for k in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
-        if MASK:
+        if MASK == 2:
+            g = (k_begin + k) // 128
+            word = tl.where(g < 64, lo_word, hi_word)
+            used = ((word >> (g % 64).to(tl.int64)) & 1) != 0
+            w = tl.load(w_rows + k, mask=row_ok[:, None] & used, other=0.0)
+            if X_TILE:
+                xt = tl.load(x_cols + k, mask=valid_t[None, :] & used, other=0.0)
+            else:
+                xt = ones
+        elif MASK == 1:
             g = (k_begin + k) // 128
             tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
             used = tl.max(tok_on.to(tl.int32), axis=0) > 0
             w = tl.load(w_rows + k, mask=row_ok[:, None] & used, other=0.0)
-            xt = tl.load(x_cols + k, mask=tok_on[None, :], other=0.0)
+            if X_TILE:
+                xt = tl.load(x_cols + k, mask=tok_on[None, :], other=0.0)
+            else:
+                xt = ones
         else:
             w = tl.load(w_rows + k)
             if X_TILE:
@@ -94,7 +114,7 @@ def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C:
 
 
 def parts_fns(ws: list, xs: list, masks: list, out: torch.Tensor, rows: int, cols: int, block_n: int, block_k: int,
-              split: int, stages: int, warps: int, x_tile: bool = False, mask: bool = False,
+              split: int, stages: int, warps: int, x_tile: bool = False, mask: int = 0,
               finish: bool = False) -> list:
     tiles = triton.cdiv(rows, block_n)
     m = xs[0].shape[0]
@@ -112,7 +132,7 @@ def parts_fns(ws: list, xs: list, masks: list, out: torch.Tensor, rows: int, col
 def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> dict:
     down = dict(rows=N_OUT, cols=K_IN)
     gemv_tiling = dict(block_n=128, block_k=128, split=4, stages=4, warps=8)
-    every_part = dict(x_tile=True, mask=True, finish=True)
+    every_part = dict(x_tile=True, mask=1, finish=True)
     timed = {
         "read down layout, 128x128 split 4 (the GEMV's tiling)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling),
         "read down layout, 64x128 split 4, 5 stages": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128,
@@ -128,8 +148,8 @@ def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> d
         "read transposed, 128x128 split 1": parts_fns(wts, xs, masks, out, rows=K_IN, cols=N_OUT, block_n=128,
                                                       block_k=128, split=1, stages=4, warps=8),
         "+x (GEMV's tiling)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True),
-        "+x +mask": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=True),
-        "+x +mask +finish": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=True, finish=True),
+        "+x +mask": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=1),
+        "+x +mask +finish": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=1, finish=True),
         "+x +finish (no mask)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, finish=True),
         "+x +mask +finish, 64x128 split 4, 5 stages": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128,
                                                                  split=4, stages=5, warps=4, **every_part),
@@ -146,19 +166,27 @@ def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> d
         "read down layout, 32x128 split 1, 12 stages": parts_fns(ws, xs, masks, out, **down, block_n=32,
                                                                   block_k=128, split=1, stages=12, warps=4),
         "+x +mask, 32x128 split 1, 12 stages": parts_fns(ws, xs, masks, out, **down, block_n=32, block_k=128,
-                                                          split=1, stages=12, warps=4, x_tile=True, mask=True),
+                                                          split=1, stages=12, warps=4, x_tile=True, mask=1),
+        **{f"{name}, {bn}x128 split {sp}, {st} stages": parts_fns(ws, xs, masks, out, **down, block_n=bn, block_k=128,
+                                                                    split=sp, stages=st, warps=wp, **parts)
+           for name, parts in (("+x", dict(x_tile=True)), ("+mask", dict(mask=1)),
+                               ("+x +mask words", dict(x_tile=True, mask=2)),
+                               ("+x +mask words +finish", dict(x_tile=True, mask=2, finish=True)))
+           for bn, sp, st, wp in ((32, 1, 12, 4), (32, 1, 8, 4), (16, 1, 12, 4), (64, 2, 6, 4), (128, 4, 4, 8))
+           if (sp > 1) == ("finish" in name)},
         "cublas dense": [lambda w=w, x=x: F.linear(x, w) for w, x in zip(ws, xs)],
         "cublas dense, transposed storage": [lambda wt=wt, x=x: F.linear(x, wt.t()) for wt, x in zip(wts, xs)],
     }
     return timed
 
 
-def check(ws: list, xs: list, masks: list) -> float:
-    """The parts kernel with every part on computes the masked product (max abs error against torch, fp32)."""
+def check(ws: list, xs: list, masks: list, mask_mode: int = 1) -> float:
+    """The parts kernel with every part on computes the masked product (max abs error against torch, fp32; x must be
+    pre-masked for ``mask_mode`` 2)."""
     block_t = max(16, triton.next_power_of_2(xs[0].shape[0]))
     out = torch.empty(N_OUT, block_t, device="cuda", dtype=torch.float32)
-    fn = parts_fns(ws[:1], xs[:1], masks[:1], out, N_OUT, K_IN, 128, 128, 4, 4, 8, x_tile=True, mask=True,
-                   finish=True)[0]
+    fn = parts_fns(ws[:1], xs[:1], masks[:1], out, N_OUT, K_IN, 128, 128, 4, 4, 8, x_tile=True,
+                   mask=mask_mode, finish=True)[0]
     fn()
     xm = xs[0].float() * masks[0].float().repeat_interleave(GROUP, dim=1)
     ref = xm @ ws[0].float().t()
@@ -180,6 +208,8 @@ def main() -> None:
     out = torch.empty(max(N_OUT, K_IN) * max(16, triton.next_power_of_2(args.tokens)), device="cuda",
                       dtype=torch.float32)
     err = check(ws, xs, masks)
+    xms = [x * mk.to(x.dtype).repeat_interleave(GROUP, dim=1) for x, mk in zip(xs, masks)]
+    err = max(err, check(ws, xms, masks, mask_mode=2))
     ceil = ceilings()
     samples = interleaved(variants(ws, wts, xs, masks, out), args.rounds)
     med = {k: statistics.median(v) for k, v in samples.items()}
