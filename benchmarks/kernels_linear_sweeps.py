@@ -282,6 +282,22 @@ def input_all_groups_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32)) -> list:
             if not (op == "o_proj" and m == 1)]
 
 
+def input_bits_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32)) -> list:
+    """The input-group GEMV with its split's share of the union held as bits in registers (``BITS``,
+    ``templates/group_bits.py``: no load in the K loop) against the default (one token: the union list built by each
+    program, whose dependent loads leave the 12-stage sm_90a pipeline 5 buffers; 2-32 tokens: every group walked with
+    a mask row loaded per step); at the default tiles and neighbours. Stop 37's question
+    (``down_gemv_parts_probe.py``): the per-step loads were worth 1 µs at 8 tokens with 128-row tiles and 17 µs with
+    32-row tiles."""
+    def bits(**kw) -> dict:
+        return dict(path="gemv", BITS=True, **kw)
+
+    configs = [dict(path="gemv"), bits(), bits(BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=12),
+               bits(BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=8), bits(BLOCK_N=64, SPLIT=2, num_warps=4, num_stages=6),
+               bits(BLOCK_N=64, SPLIT=4, num_warps=4, num_stages=5)]
+    return [(op, m, mask, configs) for m in ms for op in ("down", "down_pm", "o_proj") for mask in ("rand50", "trained")]
+
+
 def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     """The query projection's output-group GEMV and the output projection's input-group GEMV (K = 4096: 32 MB weights,
     where a launch's fixed time is a large part) with fewer K splits and deeper pipelines than their defaults (8 and 4

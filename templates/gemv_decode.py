@@ -27,12 +27,15 @@ from ._triton_utils import (
     ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2, sm_count,
 )
 from . import gemv_rows
+from .group_bits import MAX_GROUPS as BITS_MAX_GROUPS
 from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from .group_bits import pop_group, token_on, union_words
 
     @triton.jit
     def _split_k_finish(acc, acc2, ws_ptr, counter_ptr, tile, split,
@@ -172,6 +175,7 @@ if HAS_TRITON:
         ROW_MASK: tl.constexpr,
         OWN_UNION: tl.constexpr,
         ALL_GROUPS: tl.constexpr,
+        BITS: tl.constexpr,
         BLOCK_G: tl.constexpr,
         SPLIT: tl.constexpr,
         BLOCK_T: tl.constexpr,
@@ -193,7 +197,11 @@ if HAS_TRITON:
         offs_t = tl.arange(0, BLOCK_T)
         valid_t = offs_t < M
         offs_k = tl.arange(0, BLOCK_K)
-        if ALL_GROUPS:  # no list: every group, its weight loads predicated off where no token uses it
+        if BITS:  # this split's share of the union as bits in registers (group_bits.py): no load in the loop
+            lo, hi, n_mine, tok_lo, tok_hi = union_words(mask_ptr, offs_t, valid_t, G, split, SPLIT)
+            g = 0
+            n_groups = n_mine
+        elif ALL_GROUPS:  # no list: every group, its weight loads predicated off where no token uses it
             n_groups = G
         elif OWN_UNION:  # the union list, built by every program into its own row of union_ptr (no plan launch)
             union_ptr += pid.to(tl.int64) * G
@@ -209,19 +217,38 @@ if HAS_TRITON:
             tl.debug_barrier()  # the list's stores visible to every thread of the program
         else:
             n_groups = tl.load(union_count_ptr)
-        per_split = tl.cdiv(n_groups, SPLIT)
-        j_start = split * per_split * CHUNKS
-        j_end = tl.minimum(n_groups, (split + 1) * per_split) * CHUNKS
+        if BITS:  # the words hold this split's groups only
+            j_start = 0
+            j_end = n_groups * CHUNKS
+        else:
+            per_split = tl.cdiv(n_groups, SPLIT)
+            j_start = split * per_split * CHUNKS
+            j_end = tl.minimum(n_groups, (split + 1) * per_split) * CHUNKS
         w_rows = w_ptr + offs_nc[:, None] * K + offs_k[None, :]
         x_cols = x_ptr + offs_t[None, :] * K + offs_k[:, None]
         acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
         for j in range(j_start, j_end):
-            if ALL_GROUPS:
+            if BITS:
+                if CHUNKS == 1:
+                    g, lo, hi = pop_group(lo, hi)
+                else:  # a group's first chunk takes the next group
+                    first = (j % CHUNKS) == 0
+                    g_next, lo_next, hi_next = pop_group(lo, hi)
+                    g = tl.where(first, g_next, g)
+                    lo = tl.where(first, lo_next, lo)
+                    hi = tl.where(first, hi_next, hi)
+            elif ALL_GROUPS:
                 g = j // CHUNKS
             else:
                 g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
             k0 = g * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
-            if ALL_GROUPS:  # a group no token uses: its weight load is predicated off (no bytes read)
+            if BITS:
+                w = tl.load(w_rows + k0)
+                if ROW_MASK:
+                    xt = tl.load(x_cols + k0, mask=token_on(tok_lo, tok_hi, g)[None, :], other=0.0)
+                else:
+                    xt = tl.load(x_cols + k0, mask=valid_t[None, :], other=0.0)
+            elif ALL_GROUPS:  # a group no token uses: its weight load is predicated off (no bytes read)
                 tok_on = tl.load(mask_ptr + offs_t * G + g, mask=valid_t, other=0) != 0
                 used = tl.max(tok_on.to(tl.int32), axis=0) > 0
                 w = tl.load(w_rows + k0, mask=valid_n[:, None] & used, other=0.0)
@@ -472,9 +499,10 @@ def input_groups_gemv(
     block_t = _token_tile(num_tokens)
     y = torch.empty(num_tokens, n_dim, dtype=x.dtype, device=x.device) if out is None else out
     ws, counters = _split_workspace(x.device, tiles, split, cfg["BLOCK_N"], block_t) if split > 1 else (x, x)
-    all_groups = bool(cfg.get("ALL_GROUPS", False)) and union_groups is None
-    own_union = union_groups is None and not all_groups
-    if all_groups:  # no list to hold
+    bits = bool(cfg.get("BITS", False)) and union_groups is None and num_groups <= BITS_MAX_GROUPS
+    all_groups = bool(cfg.get("ALL_GROUPS", False)) and union_groups is None and not bits
+    own_union = union_groups is None and not all_groups and not bits
+    if all_groups or bits:  # no list to hold
         union_groups = union_count = mask_rows
     elif own_union:  # one scratch row per program (torch.empty: no kernel)
         union_groups = torch.empty(tiles * split * num_groups, dtype=torch.int32, device=x.device)
@@ -489,6 +517,7 @@ def input_groups_gemv(
         ROW_MASK=not x_is_masked,
         OWN_UNION=own_union,
         ALL_GROUPS=all_groups,
+        BITS=bits,
         BLOCK_G=min(128, max(16, next_pow2(num_groups))),
         SPLIT=split,
         BLOCK_T=block_t,

@@ -77,7 +77,7 @@ gemv = {"x_ptr": bf, "w_ptr": bf, "b_ptr": bf, "y_ptr": bf, "mask_ptr": "*u8", "
         "union_count_ptr": "*i32", "ws_ptr": "*fp32", "counter_ptr": "*i32"}
 for name, all_groups in (("input_gemv_list", False), ("input_gemv_all_groups", True)):
     out[name] = kernel_stats(compile_sm90(_input_groups_gemv_kernel, gemv, dict(
-        GROUP_SIZE=128, HAS_BIAS=False, ROW_MASK=False, OWN_UNION=not all_groups, ALL_GROUPS=all_groups, BLOCK_G=128,
+        GROUP_SIZE=128, HAS_BIAS=False, ROW_MASK=False, OWN_UNION=not all_groups, ALL_GROUPS=all_groups, BITS=False, BLOCK_G=128,
         SPLIT=4, BLOCK_T=16, BLOCK_N=64, BLOCK_K=128, UPCAST=False, DOT_PRECISION="tf32", USE_GDC=False), (), 4, 5))
 print("RESULT " + json.dumps(out))
 '''

@@ -596,6 +596,33 @@ def test_decode_input_gemv_over_all_groups_predicates_unused_ones(k, m, kind):
         _check(y, expected, x.dtype)
 
 
+@pytest.mark.parametrize("groups, gs, block_k", [(37, 16, 16), (100, 16, 16), (128, 16, 16), (20, 32, 16),
+                                                  (130, 16, 16)])
+@pytest.mark.parametrize("m", [1, 6])
+@pytest.mark.parametrize("kind", MASKS)
+def test_decode_input_gemv_walks_union_bits(k, groups, gs, block_k, m, kind):
+    """``BITS`` (``group_bits.py``): each program holds its split's share of the union as bits of two words and pops
+    one group per step (37 / 100 / 128 groups: one word, both, both full; groups of two K steps; 130 groups: more
+    than the words hold, the list is used). Input masked in its loads or pre-masked, 1 or 3 splits (shares of
+    ragged size); equals the reference, every output written."""
+    lin = k["group_linear"]
+    gen = torch.Generator().manual_seed(_seed("bits", groups, gs, m, kind))
+    n = 40
+    x = torch.randn(m, gs * groups, generator=gen).to(torch.float16)
+    w = (torch.randn(n, gs * groups, generator=gen) / 40).to(torch.float16)
+    b = torch.randn(n, generator=gen).to(torch.float16)
+    mask = _mask(kind, m, groups, gen)
+    expected = k["ref"].input_group_linear_reference(x, w, mask, gs, b)
+    xm = x * (mask != 0).repeat_interleave(gs, dim=-1).to(x.dtype)
+    for split in (1, 3):
+        cfg = {"SPLIT": split, "BITS": True, "BLOCK_K": block_k}
+        y = lin.input_group_linear(x, w, mask, gs, b, path="gemv", config=cfg, out=_poisoned((m, n), x.dtype))
+        _check(y, expected, x.dtype)
+        y = lin.input_group_linear(xm, w, mask, gs, b, path="gemv", x_is_masked=True, config=cfg,
+                                   out=_poisoned((m, n), x.dtype))
+        _check(y, expected, x.dtype)
+
+
 def test_split_kernels_leave_the_shared_arrival_counters_at_zero(k):
     """Split-K GEMVs take their counters from ``arrival_counters`` (no memset per call): one zeroed buffer reused by
     every launch, left at zero by each, grown (never shrunk) on demand; repeated calls stay correct."""
