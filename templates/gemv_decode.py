@@ -421,10 +421,20 @@ SHORT_INPUT_MIN_ROWS = 2048  # ... when that still gives 64 programs (measured a
 ALL_GROUPS_MIN_TOKENS = 2  # from this many tokens: no union list, every group with predicated weight loads
 WIDE_INPUT_TILE_MIN_TOKENS = 4  # ... and from this many, 128-row tiles with 8 warps
 ALL_GROUPS_MAX_TOKENS = 32  # ... up to this many (the measured range; the GEMV is the default up to 32)
+BITS_MAX_TOKENS = 16  # pre-masked input, groups of one K step: the union as bits (BITS), unsplit 32-row tiles
+
+
+def _union_bits_applies(group_size: int, num_tokens: int, num_groups: int, n_dim: int, x_is_masked: bool) -> bool:
+    """Whether the GEMV walks its union as bits with unsplit 32-row tiles: a pre-masked input (no per-token predicate
+    on the token tile), 1-``BITS_MAX_TOKENS`` tokens, at most ``BITS_MAX_GROUPS`` groups of one K step (at most 128
+    channels) and enough rows for 64 programs (measured on the down projection only; the output projection's groups
+    of 512 were slower, ``kernels_linear_sweep_input_bits_premasked.json``)."""
+    return (x_is_masked and 1 <= num_tokens <= BITS_MAX_TOKENS and 0 < num_groups <= BITS_MAX_GROUPS
+            and group_size <= 128 and n_dim >= SHORT_INPUT_MIN_ROWS)
 
 
 def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_dim: int = 0,
-                 elem_bytes: int = 2) -> dict:
+                 elem_bytes: int = 2, x_is_masked: bool = False) -> dict:
     """Launch configuration of the input-group GEMV (``num_tokens`` / ``num_groups`` / ``n_dim`` 0: not known, the
     general default).
 
@@ -450,12 +460,24 @@ def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_di
     31.0 and 28.6 / 28.2, 8 tokens 33.4 / 32.4 and 31.1 / 30.3, 16 tokens 33.8 / 32.7 and 32.7 / 31.6, 32 tokens
     35.1 / 33.8 and 34.6 / 33.3; o_proj 8 tokens 12.5 / 12.4 and 11.2 / 11.0; 2 tokens with the default tiles: down
     27.1 / 26.5 and 25.0 / 24.9. One token keeps the list (walking all groups took twice as long at 50%); above
-    ``ALL_GROUPS_MAX_TOKENS`` (a forced GEMV) the earlier tiles and the list stay."""
+    ``ALL_GROUPS_MAX_TOKENS`` (a forced GEMV) the earlier tiles and the list stay.
+
+    A pre-masked input (the model's down projection) at 1-``BITS_MAX_TOKENS`` tokens takes ``BITS`` (each program
+    holds the union as bits in registers, ``group_bits.py``: no load in the K loop) with unsplit 32-row tiles and 8
+    stages (:func:`_union_bits_applies`). H200, down projection, 3 interleaved rounds
+    (``kernels_linear_sweep_input_bits_premasked.json``), µs default / ``BITS``, 50% and trained masks: 1 token 19.5 /
+    18.8 and 17.9 / 17.3, 2 tokens 26.3 / 25.3 and 25.0 / 23.8, 4 tokens 30.7 / 30.2 and 27.3 / 26.0, 8 tokens 32.1 /
+    31.9 and 29.7 / 29.1, 16 tokens 32.3 / 32.3 and 31.3 / 31.1. With the input masked in the kernel (each token's
+    groups as words too) or the default 4-split tiles ``BITS`` was 1-3 µs slower (``kernels_linear_sweep_input_bits
+    .json``: the words are built before the first weight load)."""
     all_groups = ALL_GROUPS_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS
+    bits = _union_bits_applies(group_size, num_tokens, num_groups, n_dim, x_is_masked)
     if interpreting():
         return dict(BLOCK_N=32, BLOCK_K=max(16, largest_pow2_divisor(group_size, 64)), SPLIT=1, num_warps=4,
-                    num_stages=1, ALL_GROUPS=all_groups)
+                    num_stages=1, ALL_GROUPS=all_groups, BITS=bits)
     block_k = largest_pow2_divisor(group_size, 128)
+    if bits:
+        return dict(BLOCK_N=32, BLOCK_K=block_k, SPLIT=1, num_warps=4, num_stages=8, BITS=True)
     if num_tokens == 1 and 0 < num_groups * group_size <= SHORT_INPUT_MAX_K and n_dim >= SHORT_INPUT_MIN_ROWS:
         return dict(BLOCK_N=32, BLOCK_K=block_k, SPLIT=1, num_warps=4, num_stages=12)
     if WIDE_INPUT_TILE_MIN_TOKENS <= num_tokens <= ALL_GROUPS_MAX_TOKENS:
@@ -488,7 +510,8 @@ def input_groups_gemv(
     num_groups = k_dim // group_size
     if gemv_rows.applies(num_tokens, n_dim * k_dim * weight.element_size(), group_size, config, output=False):
         return gemv_rows.input_rows_gemv(x, weight, bias, mask_rows, group_size, config, out)
-    cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim, x.element_size()), **(config or {}))
+    cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim, x.element_size(), x_is_masked),
+               **(config or {}))
     block_k = cfg["BLOCK_K"]
     if block_k < 16 or group_size % block_k:
         raise ValueError(f"input_group_linear: group_size {group_size} needs a multiple of 16 for the GEMV path")

@@ -720,6 +720,25 @@ def test_input_gemv_walks_all_groups_from_two_tokens(k, monkeypatch, tokens, exp
     assert {key: cfg[key] for key in expected} == expected and cfg["SPLIT"] == 4
 
 
+def test_input_gemv_walks_union_bits_for_premasked_inputs(k, monkeypatch):
+    """A pre-masked input at 1-16 tokens with at most 128 groups of one K step and >= 2048 rows (the model's down
+    projection; H200, kernels_linear_sweep_input_bits_premasked.json) takes BITS with unsplit 32-row tiles and 8
+    stages; an input masked in the kernel, groups of 512 (the output projection), more tokens or groups, few rows keep
+    the earlier configurations; the interpreter decides BITS the same way."""
+    gemv = k["gemv_decode"]
+    bits = dict(BLOCK_N=32, BLOCK_K=128, SPLIT=1, num_warps=4, num_stages=8, BITS=True)
+    with monkeypatch.context() as mp:
+        mp.setattr(gemv, "interpreting", lambda: False)
+        for tokens in (1, 2, 16):
+            assert gemv.input_config(128, tokens, 112, 4096, x_is_masked=True) == bits
+        for args in ((128, 1, 112, 4096), (128, 8, 112, 4096)):  # masked in the kernel
+            assert "BITS" not in gemv.input_config(*args)
+        for args in ((512, 2, 8, 4096), (128, 17, 112, 4096), (128, 2, 129, 4096), (128, 2, 112, 1024)):
+            assert "BITS" not in gemv.input_config(*args, x_is_masked=True), args
+    assert gemv.input_config(128, 2, 112, 4096, x_is_masked=True)["BITS"]
+    assert not gemv.input_config(128, 2, 112, 4096)["BITS"]
+
+
 @pytest.mark.parametrize(("op", "tokens", "gemv"), [
     ("output_group_linear", 128, True), ("output_group_linear", 129, False), ("gated_up_groups", 64, True),
     ("gated_up_groups", 65, False), ("input_group_linear", 32, True), ("input_group_linear", 33, False)])
