@@ -19,7 +19,7 @@ difference of two rows timed in the same interleaved rounds:
 
     python3 benchmarks/down_gemv_parts_probe.py --out FILE.json [--tokens 8] [--rounds 5]
 
-Timing: ``kernels_linear.bench_graph`` (CUDA-graph replays of 4 rotated copies, 470 MB per replay), ``--rounds``
+Timing: ``kernels_linear.interleaved`` (CUDA-graph replays of 4 rotated copies, 470 MB per replay), ``--rounds``
 interleaved rounds, median.
 """
 from __future__ import annotations
@@ -37,11 +37,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from wide_compile.templates.arrival_counters import arrival_counters
+from wide_compile.templates.gemv_decode import _split_k_finish, input_groups_gemv
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels_linear import bench_graph, ceilings, interleaved  # noqa: E402
-from templates.gemv_decode import _split_k_finish, input_groups_gemv  # noqa: E402
-from templates.arrival_counters import arrival_counters  # noqa: E402
+from kernels_linear import ceilings, interleaved  # noqa: E402
 
 N_OUT, K_IN, GROUP = 4096, 14336, 128
 COPIES = 4

@@ -293,9 +293,11 @@ def input_bits_sweeps(ms: tuple = (1, 2, 4, 8, 16, 32)) -> list:
         return dict(path="gemv", BITS=True, **kw)
 
     configs = [dict(path="gemv"), bits(), bits(BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=12),
-               bits(BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=8), bits(BLOCK_N=64, SPLIT=2, num_warps=4, num_stages=6),
+               bits(BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=8),
+               bits(BLOCK_N=64, SPLIT=2, num_warps=4, num_stages=6),
                bits(BLOCK_N=64, SPLIT=4, num_warps=4, num_stages=5)]
-    return [(op, m, mask, configs) for m in ms for op in ("down", "down_pm", "o_proj") for mask in ("rand50", "trained")]
+    return [(op, m, mask, configs) for m in ms for op in ("down", "down_pm", "o_proj")
+            for mask in ("rand50", "trained")]
 
 
 def input_bits_premasked_sweeps(ms: tuple = (1, 2, 4, 8, 16)) -> list:

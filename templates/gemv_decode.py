@@ -12,7 +12,10 @@ deep) and the tokens are the narrow one ``[BLOCK_K, BLOCK_T]`` (``BLOCK_T = max(
 - Input groups (down / o projection): one program per ``BLOCK_N`` output rows; it loops over the union
   list (groups active for any token) only, so it reads just those weight columns; per token the group's
   ``x`` chunk is zero-filled where the token does not use the group. The list comes from a plan shared
-  with other ops, or each program builds it from the mask rows at its start (no separate launch).
+  with other ops, or each program builds it from the mask rows at its start (no separate launch); from two tokens
+  the programs walk every group instead (``ALL_GROUPS``, weight loads of unused groups predicated off), and a
+  pre-masked input at 1-16 tokens holds its share of the union as bits in registers (``BITS``, ``group_bits.py``),
+  so no load sits in the K loop.
 
 A program that streams a long K range is latency-bound, so K (output groups) or the union list (input
 groups) is split among ``SPLIT`` programs. The split is finished in the same launch: each program
