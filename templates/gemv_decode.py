@@ -30,9 +30,9 @@ from ._triton_utils import (
     ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, interpreting, largest_pow2_divisor, next_pow2, sm_count,
 )
 from . import gemv_rows
-from .group_bits import MAX_GROUPS as BITS_MAX_GROUPS
 from .arrival_counters import arrival_counters
 from .dependent_launch import pdl_launch
+from .group_bits import MAX_GROUPS as BITS_MAX_GROUPS
 
 if HAS_TRITON:
     import triton
@@ -203,7 +203,6 @@ if HAS_TRITON:
         if BITS:  # this split's share of the union as bits in registers (group_bits.py): no load in the loop
             lo, hi, n_mine, tok_lo, tok_hi = union_words(mask_ptr, offs_t, valid_t, G, split, SPLIT)
             g = 0
-            n_groups = n_mine
         elif ALL_GROUPS:  # no list: every group, its weight loads predicated off where no token uses it
             n_groups = G
         elif OWN_UNION:  # the union list, built by every program into its own row of union_ptr (no plan launch)
@@ -222,7 +221,7 @@ if HAS_TRITON:
             n_groups = tl.load(union_count_ptr)
         if BITS:  # the words hold this split's groups only
             j_start = 0
-            j_end = n_groups * CHUNKS
+            j_end = n_mine * CHUNKS
         else:
             per_split = tl.cdiv(n_groups, SPLIT)
             j_start = split * per_split * CHUNKS

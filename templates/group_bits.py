@@ -1,10 +1,11 @@
 """A program's share of a mask's union as bits in two 64-bit words, walked without memory loads.
 
 The input-group GEMV (``gemv_decode``) reduces over the groups any token of the batch uses. A union list in global
-memory costs one dependent load per K step (the weight address waits on the entry), and a per-step load of the mask
-row costs one more (the weight load's predicate waits on it); Triton software-pipelines neither, so with narrow tiles
-each step waits out a loaded memory system's latency (``benchmarks/down_gemv_parts_probe.py``: 32-row tiles over
-every group, 8 tokens, 50.4 µs with the mask row loaded per step against 33.4 with these words).
+memory costs one dependent load per K step (the weight address waits on the entry: on sm_90a the pipeline keeps 3 of
+8 buffers at 32-row tiles), and a per-step load of the mask row is not prefetched at all (a synchronous load between
+the MMA and the ``cp.async`` it predicates), so with narrow tiles each step waits out a loaded memory system's
+latency (``benchmarks/down_gemv_parts_probe.py``, 8 tokens, 32-row tiles over every group: 50.4 µs with the mask
+row loaded per step, 12 stages, against 33.4 with these words, 8 stages).
 
 Here each program loads the ``[tokens, G]`` mask once (G <= ``MAX_GROUPS``), keeps the groups of its share of the
 union as bits of two int64 words (groups 0-63 and 64-127) and each token's groups as two int64 words per token,
