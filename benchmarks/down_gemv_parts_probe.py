@@ -13,7 +13,9 @@ difference of two rows timed in the same interleaved rounds:
 - ``+x``: the token tile of ``x`` loaded per step (the read's MMA takes a constant ones tile);
 - ``+mask``: the group's mask row loaded per step, weight loads predicated off for unused groups, ``x`` zero-filled
   for tokens off the group (as ``ALL_GROUPS``);
-- ``+finish``: the fp32 partials and arrival counter of ``gemv_decode._split_k_finish``;
+- ``+finish``: the fp32 partials and arrival counter of ``gemv_decode._split_k_finish``; ``finish counted first``:
+  :func:`_split_k_finish_counted_first`, the last arrival skipping its own store and release (added after stop 37's
+  runs, not timed yet);
 - ``gemv``: the library's ``input_groups_gemv`` on the same masks; ``cublas``: ``F.linear`` on the dense weight,
   in both layouts.
 
@@ -48,6 +50,34 @@ COPIES = 4
 # the library GEMV without a split-K finish (every program over the whole K) and its current default
 GEMV_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=128, SPLIT=1, num_warps=w, num_stages=st, ALL_GROUPS=True)
                 for bn, w, st in ((32, 4, 12), (32, 4, 8), (16, 4, 12), (16, 4, 8), (64, 4, 6))]
+
+
+@triton.jit
+def _split_k_finish_counted_first(acc, ws_ptr, counter_ptr, flag_ptr, tile, split, SPLIT: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """A split-K finish with the arrival counted before the partial is stored (``FINISH=2``; untimed so far): the
+    last to arrive does not store its own partial or wait for its release; it polls the others' flags (they have
+    arrived, so they are running and only store theirs), loads their partials, sums them into its own. The others
+    store their partial and raise their flag (release). The last resets the flags and the counter for the next call.
+    Against ``gemv_decode._split_k_finish``: one dependent round trip fewer for the program that finishes the tile."""
+    offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+    ws_tile = ws_ptr + tile.to(tl.int64) * (SPLIT * BLOCK_N * BLOCK_T)
+    flags = flag_ptr + tile * SPLIT
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="relaxed")
+    last = arrived == SPLIT - 1
+    if last:
+        for s in tl.static_range(SPLIT):
+            if s != split:
+                while tl.atomic_add(flags + s, 0, sem="acquire") == 0:
+                    pass
+                acc += tl.load(ws_tile + s * BLOCK_N * BLOCK_T + offs, cache_modifier=".cg")
+                tl.atomic_xchg(flags + s, 0, sem="relaxed")
+        tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed")
+    else:
+        tl.store(ws_tile + split * BLOCK_N * BLOCK_T + offs, acc)
+        tl.debug_barrier()
+        tl.atomic_xchg(flags + split, 1, sem="release")
+    return last, acc
 
 
 @triton.jit
@@ -105,7 +135,11 @@ def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C:
                 xt = ones
         acc = tl.dot(w, xt, acc)
     finish = True
-    if FINISH:
+    if FINISH == 2:
+        flags = counter_ptr + tl.cdiv(R, BLOCK_N)  # after the tiles' counters
+        finish, acc = _split_k_finish_counted_first(acc, ws_ptr, counter_ptr, flags, tile, split, SPLIT, BLOCK_N,
+                                                    BLOCK_T)
+    elif FINISH:
         finish, acc, _unused = _split_k_finish(acc, acc, ws_ptr, counter_ptr, tile, split, SPLIT, False, BLOCK_N,
                                                BLOCK_T)
     if finish:
@@ -115,12 +149,12 @@ def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C:
 
 def parts_fns(ws: list, xs: list, masks: list, out: torch.Tensor, rows: int, cols: int, block_n: int, block_k: int,
               split: int, stages: int, warps: int, x_tile: bool = False, mask: int = 0,
-              finish: bool = False) -> list:
+              finish: int = 0) -> list:
     tiles = triton.cdiv(rows, block_n)
     m = xs[0].shape[0]
     block_t = max(16, triton.next_power_of_2(m))
     work = torch.empty(tiles * split * 2 * block_n * block_t, device="cuda", dtype=torch.float32)
-    counters = arrival_counters(tiles, torch.device("cuda"))
+    counters = arrival_counters(tiles * (1 + split), torch.device("cuda"))  # FINISH=2: then a flag per program
 
     def one(w, x, mk):
         return lambda: _parts_kernel[(tiles * split,)](
@@ -151,6 +185,10 @@ def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> d
         "+x +mask": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=1),
         "+x +mask +finish": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=1, finish=True),
         "+x +finish (no mask)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, finish=True),
+        "+x +mask +finish counted first": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=1,
+                                                     finish=2),
+        "+x +finish counted first (no mask)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True,
+                                                        finish=2),
         "+x +mask +finish, 64x128 split 4, 5 stages": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128,
                                                                  split=4, stages=5, warps=4, **every_part),
         "+x +mask +finish, 64x128 split 2": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128, split=2,
