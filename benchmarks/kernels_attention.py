@@ -8,7 +8,8 @@ of one KV head) at sparsity 0 (dense), 25, 50 and 70%.
   to 32 heads (expansion outside the timing); the faster one is the baseline.
 - Decode: T = 1, B in {1, 4, 16}, KV length in {1k, 4k, 16k, 32k}; many launches captured in one CUDA graph over
   rotating K/V copies (>= 512 MB in rotation, far over the 60 MB L2), time per call = replay / calls. TB/s count the
-  K/V bytes of (batch, KV head) pairs with any active query head (what must be read) plus q and o.
+  K/V bytes of (batch, KV head) pairs with any active query head (what must be read) plus q and o; beside each row
+  the time of a kernel that only reads that many bytes (``stream_read.py``, the linear table's ``read`` column).
 
 Ceilings are measured in the same run: device copy (bytes read + written), a streaming-read Triton kernel (the
 decode roofline) and an 8192^3 bf16 matmul (the prefill roofline). Times are medians. Masks have exactly the stated
@@ -41,9 +42,13 @@ from wide_compile.templates.attention_checks import allocate_output, check_atten
 from wide_compile.templates.attention_decode import choose_num_splits, decode_config, launch_decode
 from wide_compile.templates.attention_prefill import SWEEP_CONFIGS, launch_prefill, prefill_config
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stream_read import READ_VARIANTS, out_elements, read_fns  # noqa: E402
+
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
 SPARSITIES = (0.0, 0.25, 0.5, 0.7)
+READ_ROW = 4096  # elements per row of stream_read's pipelined reads (8 KB, as for the linear table's weights)
 
 
 def bench_ms(fn, warmup_ms: float = 50, rep_ms: float = 300) -> float:
@@ -225,6 +230,21 @@ def decode_inputs(b: int, s: int):
     return qs, ks, vs, set_bytes
 
 
+def kv_read_buffers(b: int, s: int, copies: int, device="cuda", dtype=DTYPE) -> list:
+    """One flat buffer per rotation copy, as large as that copy's K and V (the read reference's own bytes)."""
+    return [torch.randn(2 * b * HKV * s * D, device=device, dtype=dtype) for _ in range(copies)]
+
+
+def kv_read_thunks(bufs: list, active_pairs: int, s: int, sms: int) -> tuple[dict, torch.Tensor]:
+    """Per ``stream_read.READ_VARIANTS`` variant, one thunk per copy that only reads as many bytes as the K and V of
+    ``active_pairs`` (batch, KV head) pairs hold, as one contiguous range of that copy's buffer (no arithmetic): what
+    streaming the bytes the decode must read costs in a launch of this size (the linear table's ``read`` column).
+    Also the fp32 buffer the thunks write their partial sums to."""
+    numel = active_pairs * 2 * s * D
+    out = torch.empty(out_elements([numel], sms, READ_ROW), device=bufs[0].device, dtype=torch.float32)
+    return {label: read_fns(bufs, [numel] * len(bufs), out, label, sms, READ_ROW) for label in READ_VARIANTS}, out
+
+
 def bench_decode(batches, kv_lens, ceilings, rows, rel_errs):
     gen = torch.Generator(device="cuda").manual_seed(1)
     for b in batches:
@@ -248,6 +268,8 @@ def bench_decode(batches, kv_lens, ceilings, rows, rel_errs):
             base_ms = sdpa_ms[sdpa_mode]
             dense_bytes = set_bytes + 2 * b * HQ * D * 2
             splits, chunk = choose_num_splits(b * HKV, s, qs[0].device)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            read_bufs = kv_read_buffers(b, s, copies)
             for sp in SPARSITIES:
                 mask = random_mask(b, 1, sp, gen)
                 outs = [torch.empty(b, HQ, 1, D, device="cuda", dtype=DTYPE) for _ in range(copies)]
@@ -260,6 +282,8 @@ def bench_decode(batches, kv_lens, ceilings, rows, rel_errs):
                     [lambda i=i: group_attention(qs[i], ks[i], vs[i], mask, out=outs[i]) for i in range(copies)])
                 active_pairs = int(mask.sum().item())  # (batch, group = KV head) pairs with active heads
                 active_bytes = active_pairs * 2 * s * D * 2 + 2 * b * HQ * D * 2
+                reads = {label: graph_time_per_call(fns)
+                         for label, fns in kv_read_thunks(read_bufs, active_pairs, s, sms)[0].items()}
                 rows.append({
                     "kind": "decode", "batch": b, "T": 1, "S": s, "sparsity": sp,
                     "active_fraction": float(mask.float().mean()),
@@ -268,13 +292,16 @@ def bench_decode(batches, kv_lens, ceilings, rows, rel_errs):
                     "sdpa_TBps": dense_bytes / (base_ms * 1e-3) / 1e12,
                     "speedup": base_ms / ms,
                     "roofline_ms": active_bytes / (ceilings["read_TBps"] * 1e12) * 1e3,
+                    "read_ms": min(reads.values()), "read_variants_ms": reads,
                     "rel_err_vs_sdpa": float(err), "rotating_copies": copies,
-                    "num_splits": splits, "chunk": chunk, "config": decode_config(chunk, splits * b * HKV, torch.cuda.get_device_properties(0).multi_processor_count),
+                    "num_splits": splits, "chunk": chunk, "config": decode_config(chunk, splits * b * HKV, sms),
                 })
                 r = rows[-1]
                 print(f"decode B={b:2d} S={s:6d} sp={sp:.2f} ours {ms * 1e3:8.1f} us {r['TBps']:5.2f} TB/s | "
                       f"sdpa({sdpa_mode}) {base_ms * 1e3:8.1f} us {r['sdpa_TBps']:5.2f} TB/s | x{r['speedup']:.2f} | "
-                      f"roof {r['roofline_ms'] * 1e3:7.1f} us | err {err:.1e}", flush=True)
+                      f"roof {r['roofline_ms'] * 1e3:7.1f} us | read {r['read_ms'] * 1e3:7.1f} us | err {err:.1e}",
+                      flush=True)
+            del read_bufs
             torch.cuda.empty_cache()
 
 
@@ -364,18 +391,22 @@ def to_markdown(result: dict) -> str:
         "## Decode (T = 1, CUDA graph over rotating K/V copies)",
         "",
         "TB/s count K/V bytes of (batch, KV head) pairs with any active query head plus q/o; SDPA's count all K/V. "
-        "Roofline = those bytes / measured streaming-read rate.",
+        "Roofline = those bytes / measured streaming-read rate. Read = the fastest `benchmarks/stream_read.py` kernel "
+        "that only reads as many bytes as those pairs' K and V, contiguous, timed the same way (rows before this "
+        "column existed show -).",
         "",
         "| B | S | sparsity | ours us | ours TB/s | SDPA us | SDPA TB/s | SDPA mode | speed-up | roofline us "
-        "| splits x chunk | BLOCK_N/stages |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|",
+        "| read us | splits x chunk | BLOCK_N/stages |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|",
     ]
     for r in result["rows"]:
         if r["kind"] == "decode":
             lines.append(
                 f"| {r['batch']} | {r['S']} | {r['sparsity']:.2f} | {r['ms'] * 1e3:.1f} | {r['TBps']:.2f} | "
                 f"{r['sdpa_ms'] * 1e3:.1f} | {r['sdpa_TBps']:.2f} | {r['sdpa_mode']} | {r['speedup']:.2f}x | "
-                f"{r['roofline_ms'] * 1e3:.1f} | {r['num_splits']} x {r['chunk']} | "
+                f"{r['roofline_ms'] * 1e3:.1f} | "
+                + (f"{r['read_ms'] * 1e3:.1f}" if "read_ms" in r else "-")
+                + f" | {r['num_splits']} x {r['chunk']} | "
                 f"{r['config']['BLOCK_N']}/{r['config']['num_stages']} |"
             )
     lines += ["", "## Targets", ""] + [f"- {t}" for t in result["targets"]] + [""]

@@ -125,3 +125,16 @@ def test_a_read_of_the_union_bytes_says_whether_any_kernel_could_meet_the_target
         in text
     summary = misses_summary(rows)
     assert "Of the 3 with a read timed beside them, 2 are out of reach of a kernel that only reads" in summary
+
+
+def test_decode_rows_carry_the_read_reference_where_it_was_timed():
+    """With ``read_ms`` (a kernel that only reads the active pairs' K / V bytes) a decode row says what a read alone
+    would give and whether it meets the target; rows of results from before the column keep "-"."""
+    timed = dict(ATTENTION, rows=[dict(r, read_ms=r["sdpa_ms"] / 2.1) if r["kind"] == "decode" else r
+                                  for r in ATTENTION["rows"]])
+    _prefill, decode, elsewhere = attention_targets(timed)
+    assert decode["read_reaches"] and decode["reference"].endswith("; read alone 2.10x")
+    assert elsewhere["read_reaches"] and elsewhere["reference"] == "read alone 2.10x"
+    slow = dict(ATTENTION, rows=[dict(r, read_ms=r["sdpa_ms"] / 1.7) for r in ATTENTION["rows"]])
+    assert not attention_targets(slow)[1]["read_reaches"]
+    assert all(r["read_reaches"] is None for r in attention_targets(ATTENTION))
