@@ -14,8 +14,9 @@ difference of two rows timed in the same interleaved rounds:
 - ``+mask``: the group's mask row loaded per step, weight loads predicated off for unused groups, ``x`` zero-filled
   for tokens off the group (as ``ALL_GROUPS``);
 - ``+finish``: the fp32 partials and arrival counter of ``gemv_decode._split_k_finish``; ``finish counted first``:
-  :func:`_split_k_finish_counted_first`, the last arrival skipping its own store and release (added after stop 37's
-  runs, not timed yet);
+  :func:`_split_k_finish_counted_first`, the last arrival skipping its own store and release; ``finish sentinel``:
+  :func:`_split_k_finish_sentinel`, partials that signal their own arrival (both added after stop 37's runs, not
+  timed yet);
 - ``gemv``: the library's ``input_groups_gemv`` on the same masks; ``cublas``: ``F.linear`` on the dense weight,
   in both layouts.
 
@@ -80,6 +81,38 @@ def _split_k_finish_counted_first(acc, ws_ptr, counter_ptr, flag_ptr, tile, spli
     return last, acc
 
 
+SENTINEL = -1  # int32 bits of an empty workspace word: a NaN that GPU arithmetic never makes (it makes 0x7FFFFFFF)
+_SENTINEL = tl.constexpr(SENTINEL)  # the same, for the kernels
+
+
+@triton.jit
+def _split_k_finish_sentinel(acc, ws_ptr, counter_ptr, tile, split, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_T: tl.constexpr):
+    """A split-K finish whose partials signal their own arrival (``FINISH=3``; untimed so far): the workspace holds
+    ``SENTINEL`` between calls. Every program counts its arrival first; the others just store their partial (no
+    fence, no flag); the last re-reads each other partial (volatile loads) until no word is ``SENTINEL``, sums, and
+    writes ``SENTINEL`` back. The last program's chain: the counter, then one read of the partials (two dependent
+    round trips where ``gemv_decode._split_k_finish`` and ``FINISH=2`` take three). Safe against deadlock: the
+    programs it waits for have arrived, so they are running and only store."""
+    offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+    ws_tile = ws_ptr + tile.to(tl.int64) * (SPLIT * BLOCK_N * BLOCK_T)
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="relaxed")
+    last = arrived == SPLIT - 1
+    if last:
+        empty = tl.full([BLOCK_N, BLOCK_T], _SENTINEL, tl.int32).to(tl.float32, bitcast=True)
+        for s in tl.static_range(SPLIT):
+            if s != split:
+                part = tl.load(ws_tile + s * BLOCK_N * BLOCK_T + offs, volatile=True)
+                while tl.max((part.to(tl.int32, bitcast=True) == _SENTINEL).to(tl.int32)) > 0:
+                    part = tl.load(ws_tile + s * BLOCK_N * BLOCK_T + offs, volatile=True)
+                acc += part
+                tl.store(ws_tile + s * BLOCK_N * BLOCK_T + offs, empty)
+        tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed")
+    else:
+        tl.store(ws_tile + split * BLOCK_N * BLOCK_T + offs, acc)
+    return last, acc
+
+
 @triton.jit
 def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C: tl.constexpr, G,
                   SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -135,7 +168,9 @@ def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C:
                 xt = ones
         acc = tl.dot(w, xt, acc)
     finish = True
-    if FINISH == 2:
+    if FINISH == 3:
+        finish, acc = _split_k_finish_sentinel(acc, ws_ptr, counter_ptr, tile, split, SPLIT, BLOCK_N, BLOCK_T)
+    elif FINISH == 2:
         flags = counter_ptr + tl.cdiv(R, BLOCK_N)  # after the tiles' counters
         finish, acc = _split_k_finish_counted_first(acc, ws_ptr, counter_ptr, flags, tile, split, SPLIT, BLOCK_N,
                                                     BLOCK_T)
@@ -153,7 +188,8 @@ def parts_fns(ws: list, xs: list, masks: list, out: torch.Tensor, rows: int, col
     tiles = triton.cdiv(rows, block_n)
     m = xs[0].shape[0]
     block_t = max(16, triton.next_power_of_2(m))
-    work = torch.empty(tiles * split * 2 * block_n * block_t, device="cuda", dtype=torch.float32)
+    work = torch.full((tiles * split * 2 * block_n * block_t,), SENTINEL, device="cuda", dtype=torch.int32).view(
+        torch.float32)  # FINISH=3 needs it empty; the other finishes overwrite it
     counters = arrival_counters(tiles * (1 + split), torch.device("cuda"))  # FINISH=2: then a flag per program
 
     def one(w, x, mk):
@@ -189,6 +225,9 @@ def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> d
                                                      finish=2),
         "+x +finish counted first (no mask)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True,
                                                         finish=2),
+        "+x +mask +finish sentinel": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, mask=1,
+                                                finish=3),
+        "+x +finish sentinel (no mask)": parts_fns(ws, xs, masks, out, **down, **gemv_tiling, x_tile=True, finish=3),
         "+x +mask +finish, 64x128 split 4, 5 stages": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128,
                                                                  split=4, stages=5, warps=4, **every_part),
         "+x +mask +finish, 64x128 split 2": parts_fns(ws, xs, masks, out, **down, block_n=64, block_k=128, split=2,

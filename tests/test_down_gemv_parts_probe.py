@@ -25,12 +25,14 @@ def probe():
 def _run(probe, w, x, mask, split, x_tile=False, mask_mode=0, finish=False):
     tiles = N // BLOCK_N
     out = torch.full((N * BLOCK_T,), float("nan"))
-    work = torch.empty(tiles * split * 2 * BLOCK_N * BLOCK_T)
+    work = torch.full((tiles * split * 2 * BLOCK_N * BLOCK_T,), probe.SENTINEL, dtype=torch.int32).view(torch.float32)
     counters = torch.zeros(tiles * (1 + split), dtype=torch.int32)
     probe._parts_kernel[(tiles * split,)](
         w, x, mask, out, work, counters, x.shape[0], N, w.shape[1], mask.shape[1], SPLIT=split, BLOCK_N=BLOCK_N,
         BLOCK_K=GROUP, BLOCK_T=BLOCK_T, STAGES=2, X_TILE=x_tile, MASK=mask_mode, FINISH=finish)
     assert not counters.any()  # the finish leaves its counters (and flags) at zero for the next call
+    if finish == 3:  # ... and its workspace empty
+        assert (work.view(torch.int32) == probe.SENTINEL).all()
     return out.view(N, BLOCK_T)
 
 
@@ -48,8 +50,9 @@ def test_every_part_on_gives_the_masked_product(probe, groups):
     torch.testing.assert_close(got[:, :m].t(), ref, rtol=1e-4, atol=1e-3)
     got = _run(probe, w, xm, mask, split=2, x_tile=True, mask_mode=2, finish=True)  # group bits, pre-masked input
     torch.testing.assert_close(got[:, :m].t(), ref, rtol=1e-4, atol=1e-3)
-    got = _run(probe, w, x, mask, split=4, x_tile=True, mask_mode=1, finish=2)  # the arrival counted first
-    torch.testing.assert_close(got[:, :m].t(), ref, rtol=1e-4, atol=1e-3)
+    for finish in (2, 3):  # the arrival counted first: flags, or partials that signal their own arrival
+        got = _run(probe, w, x, mask, split=4, x_tile=True, mask_mode=1, finish=finish)
+        torch.testing.assert_close(got[:, :m].t(), ref, rtol=1e-4, atol=1e-3)
     read = _run(probe, w, x, mask, split=1, mask_mode=2)  # no token tile: each row's sum over the used groups
     used = mask.any(0).to(torch.float32).repeat_interleave(GROUP)
     torch.testing.assert_close(read[:, 0], (w.float() * used).sum(1), rtol=1e-4, atol=1e-3)
