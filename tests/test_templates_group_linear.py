@@ -596,15 +596,15 @@ def test_decode_input_gemv_over_all_groups_predicates_unused_ones(k, m, kind):
         _check(y, expected, x.dtype)
 
 
-@pytest.mark.parametrize("groups, gs, block_k", [(37, 16, 16), (100, 16, 16), (128, 16, 16), (20, 32, 16),
-                                                  (130, 16, 16)])
+@pytest.mark.parametrize("groups, gs, block_k, kind", [*((100, 16, 16, kind) for kind in MASKS),
+                                                        (37, 16, 16, "random"), (128, 16, 16, "random"),
+                                                        (20, 32, 16, "random"), (130, 16, 16, "random")])
 @pytest.mark.parametrize("m", [1, 6])
-@pytest.mark.parametrize("kind", MASKS)
-def test_decode_input_gemv_walks_union_bits(k, groups, gs, block_k, m, kind):
+def test_decode_input_gemv_walks_union_bits(k, groups, gs, block_k, kind, m):
     """``BITS`` (``group_bits.py``): each program holds its split's share of the union as bits of two words and pops
-    one group per step (37 / 100 / 128 groups: one word, both, both full; groups of two K steps; 130 groups: more
-    than the words hold, the list is used). Input masked in its loads or pre-masked, 1 or 3 splits (shares of
-    ragged size); equals the reference, every output written."""
+    one group per step (100 groups: both words, every mask kind; 37 / 128 groups: one word, both full; groups of two
+    K steps; 130 groups: more than the words hold, the list is used). Input masked in its loads or pre-masked, 1 or 3
+    splits (shares of ragged size); equals the reference, every output written."""
     lin = k["group_linear"]
     gen = torch.Generator().manual_seed(_seed("bits", groups, gs, m, kind))
     n = 40
