@@ -43,7 +43,7 @@ from wide_compile.templates.attention_decode import choose_num_splits, decode_co
 from wide_compile.templates.attention_prefill import SWEEP_CONFIGS, launch_prefill, prefill_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stream_read import READ_VARIANTS, out_elements, read_fns  # noqa: E402
+from stream_read import all_variant_fns  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
@@ -239,10 +239,8 @@ def kv_read_thunks(bufs: list, active_pairs: int, s: int, sms: int) -> tuple[dic
     """Per ``stream_read.READ_VARIANTS`` variant, one thunk per copy that only reads as many bytes as the K and V of
     ``active_pairs`` (batch, KV head) pairs hold, as one contiguous range of that copy's buffer (no arithmetic): what
     streaming the bytes the decode must read costs in a launch of this size (the linear table's ``read`` column).
-    Also the fp32 buffer the thunks write their partial sums to."""
-    numel = active_pairs * 2 * s * D
-    out = torch.empty(out_elements([numel], sms, READ_ROW), device=bufs[0].device, dtype=torch.float32)
-    return {label: read_fns(bufs, [numel] * len(bufs), out, label, sms, READ_ROW) for label in READ_VARIANTS}, out
+    Also the fp32 buffer the thunks write their partial sums to (``stream_read.all_variant_fns``)."""
+    return all_variant_fns(bufs, [active_pairs * 2 * s * D] * len(bufs), sms, READ_ROW)
 
 
 def bench_decode(batches, kv_lens, ceilings, rows, rel_errs):

@@ -52,7 +52,7 @@ from kernels_linear_sweeps import (  # noqa: E402
     query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
 )
 from kernels_targets import linear_targets  # noqa: E402
-from stream_read import READ_VARIANTS, out_elements, read_fns  # noqa: E402
+from stream_read import READ_VARIANTS, all_variant_fns  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -202,8 +202,7 @@ class Case:
         per_group = gs * other * (2 if kind == "gated" else 1)
         srcs = self.wcat if kind == "gated" else self.w
         numels = [int(mask.any(0).sum()) * per_group for mask in masks]
-        out = torch.empty(out_elements(numels, sms, other), device="cuda", dtype=torch.float32)
-        return {label: read_fns(srcs, numels, out, label, sms, other) for label in READ_VARIANTS}
+        return all_variant_fns(srcs, numels, sms, other)[0]
 
     def ours_fns(self, mask, config: dict | None = None, block_m: int | None = None) -> list:
         """Our op on each rotation copy; ``mask``: one mask for every copy, or a list with each copy's draw."""

@@ -120,3 +120,10 @@ def out_elements(numels: list, sms: int, row: int) -> int:
     dot = max(_dot_programs(n, row, shape[0]) for n in numels for kernel, shape in READ_VARIANTS.values()
               if kernel == "dot")
     return max(reg, dot)
+
+
+def all_variant_fns(srcs: list, numels: list, sms: int, row: int) -> tuple[dict, torch.Tensor]:
+    """``read_fns`` of every ``READ_VARIANTS`` variant on the same copies and lengths, and the fp32 buffer (on the
+    sources' device) that all of them write their partial sums to."""
+    out = torch.empty(out_elements(numels, sms, row), device=srcs[0].device, dtype=torch.float32)
+    return {label: read_fns(srcs, numels, out, label, sms, row) for label in READ_VARIANTS}, out
