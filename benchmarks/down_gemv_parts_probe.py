@@ -116,8 +116,11 @@ def _split_k_finish_sentinel(acc, ws_ptr, counter_ptr, tile, split, SPLIT: tl.co
 @triton.jit
 def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C: tl.constexpr, G,
                   SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
-                  STAGES: tl.constexpr, X_TILE: tl.constexpr, MASK: tl.constexpr, FINISH: tl.constexpr):
-    """A ``[R, C]`` weight read in ``[BLOCK_N, BLOCK_K]`` tiles, C split in ``SPLIT``; optional parts of the GEMV."""
+                  STAGES: tl.constexpr, X_TILE: tl.constexpr, MASK: tl.constexpr, FINISH: tl.constexpr,
+                  ROTATE: tl.constexpr = False):
+    """A ``[R, C]`` weight read in ``[BLOCK_N, BLOCK_K]`` tiles, C split in ``SPLIT``; optional parts of the GEMV.
+    ``ROTATE``: tile ``i`` starts its K loop at step ``i`` (mod the steps) and wraps around, so that the programs read
+    different columns of x at any moment instead of all the same ones."""
     pid = tl.program_id(0)
     split = pid % SPLIT
     tile = pid // SPLIT
@@ -141,7 +144,12 @@ def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C:
                         mask=valid_t[:, None] & (offs_g + 64 < G)[None, :], other=0) != 0
         lo_word = tl.sum(tl.max(lo_on.to(tl.int64), axis=0) << offs_g.to(tl.int64), axis=0)
         hi_word = tl.sum(tl.max(hi_on.to(tl.int64), axis=0) << offs_g.to(tl.int64), axis=0)
-    for k in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
+    rot = (tile % (k_len // BLOCK_K)) * BLOCK_K if ROTATE else 0
+    for k_step in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
+        k = k_step
+        if ROTATE:  # a select, not a modulo: the pipeliner keeps cp.async for it
+            k = k_step + rot
+            k = tl.where(k >= k_len, k - k_len, k)
         if MASK == 2:
             g = (k_begin + k) // 128
             word = tl.where(g < 64, lo_word, hi_word)
@@ -184,7 +192,7 @@ def _parts_kernel(w_ptr, x_ptr, mask_ptr, out_ptr, ws_ptr, counter_ptr, M, R, C:
 
 def parts_fns(ws: list, xs: list, masks: list, out: torch.Tensor, rows: int, cols: int, block_n: int, block_k: int,
               split: int, stages: int, warps: int, x_tile: bool = False, mask: int = 0,
-              finish: int = 0) -> list:
+              finish: int = 0, rotate: bool = False) -> list:
     tiles = triton.cdiv(rows, block_n)
     m = xs[0].shape[0]
     block_t = max(16, triton.next_power_of_2(m))
@@ -195,7 +203,8 @@ def parts_fns(ws: list, xs: list, masks: list, out: torch.Tensor, rows: int, col
     def one(w, x, mk):
         return lambda: _parts_kernel[(tiles * split,)](
             w, x, mk, out, work, counters, m, rows, cols, mk.shape[1], SPLIT=split, BLOCK_N=block_n,
-            BLOCK_K=block_k, BLOCK_T=block_t, STAGES=stages, X_TILE=x_tile, MASK=mask, FINISH=finish, num_warps=warps)
+            BLOCK_K=block_k, BLOCK_T=block_t, STAGES=stages, X_TILE=x_tile, MASK=mask, FINISH=finish, ROTATE=rotate,
+            num_warps=warps)
     return [one(w, x, mk) for w, x, mk in zip(ws, xs, masks)]
 
 
@@ -251,23 +260,35 @@ def variants(ws: list, wts: list, xs: list, masks: list, out: torch.Tensor) -> d
                                ("+x +mask words +finish", dict(x_tile=True, mask=2, finish=True)))
            for bn, sp, st, wp in ((32, 1, 12, 4), (32, 1, 8, 4), (16, 1, 12, 4), (64, 2, 6, 4), (128, 4, 4, 8))
            if (sp > 1) == ("finish" in name)},
+        **{f"{name}, {bn}x128 split {sp}, {st} stages, rotated": parts_fns(
+            ws, xs, masks, out, **down, block_n=bn, block_k=128, split=sp, stages=st, warps=wp, rotate=True, **parts)
+           for name, parts in (("read", {}), ("+x", dict(x_tile=True)), ("+x +mask words", dict(x_tile=True, mask=2)),
+                               ("+x +mask +finish", dict(x_tile=True, mask=1, finish=True)))
+           for bn, sp, st, wp in ((32, 1, 8, 4), (32, 1, 12, 4), (16, 1, 12, 4), (128, 4, 4, 8))
+           if (sp > 1) == ("finish" in name) or name == "read"},
         "cublas dense": [lambda w=w, x=x: F.linear(x, w) for w, x in zip(ws, xs)],
         "cublas dense, transposed storage": [lambda wt=wt, x=x: F.linear(x, wt.t()) for wt, x in zip(wts, xs)],
     }
     return timed
 
 
-def check(ws: list, xs: list, masks: list, mask_mode: int = 1) -> float:
-    """The parts kernel with every part on computes the masked product (max abs error against torch, fp32; x must be
-    pre-masked for ``mask_mode`` 2)."""
+def check(ws: list, xs: list, masks: list, mask_mode: int = 1, finish: int = 1, tiling: tuple = (128, 128, 4, 4, 8),
+          rotate: bool = False) -> float:
+    """The parts kernel with every part on computes the masked product (max abs error against torch, fp32, worst of
+    two back-to-back calls on different inputs into a NaN-poisoned output, so a finish that must leave its workspace
+    reset is checked on its second call too; x must be pre-masked for ``mask_mode`` 2)."""
     block_t = max(16, triton.next_power_of_2(xs[0].shape[0]))
     out = torch.empty(N_OUT, block_t, device="cuda", dtype=torch.float32)
-    fn = parts_fns(ws[:1], xs[:1], masks[:1], out, N_OUT, K_IN, 128, 128, 4, 4, 8, x_tile=True,
-                   mask=mask_mode, finish=True)[0]
-    fn()
-    xm = xs[0].float() * masks[0].float().repeat_interleave(GROUP, dim=1)
-    ref = xm @ ws[0].float().t()
-    return float((out[:, :xs[0].shape[0]].t() - ref).abs().max())
+    fns = parts_fns(ws[:2], xs[:2], masks[:2], out, N_OUT, K_IN, *tiling, x_tile=True, mask=mask_mode,
+                    finish=finish if tiling[2] > 1 else 0, rotate=rotate)
+    worst = 0.0
+    for fn, w, x, mk in zip(fns, ws, xs, masks):
+        out.fill_(float("nan"))
+        fn()
+        ref = (x.float() * mk.float().repeat_interleave(GROUP, dim=1)) @ w.float().t()
+        err = (out[:, :x.shape[0]].t() - ref).abs().max()
+        worst = max(worst, float("inf") if err.isnan() else float(err))
+    return worst
 
 
 def main() -> None:
@@ -284,15 +305,20 @@ def main() -> None:
              for _ in range(COPIES)]
     out = torch.empty(max(N_OUT, K_IN) * max(16, triton.next_power_of_2(args.tokens)), device="cuda",
                       dtype=torch.float32)
-    err = check(ws, xs, masks)
     xms = [x * mk.to(x.dtype).repeat_interleave(GROUP, dim=1) for x, mk in zip(xs, masks)]
-    err = max(err, check(ws, xms, masks, mask_mode=2))
+    errs = {f"finish {f}": check(ws, xs, masks, finish=f) for f in (1, 2, 3)}
+    errs["mask words"] = check(ws, xms, masks, mask_mode=2)
+    errs["mask words rotated, 32 rows split 1"] = check(ws, xms, masks, mask_mode=2, tiling=(32, 128, 1, 8, 4),
+                                                         rotate=True)
+    errs["finish 1 rotated"] = check(ws, xs, masks, rotate=True)
+    err = max(errs.values())
     ceil = ceilings()
     samples = interleaved(variants(ws, wts, xs, masks, out), args.rounds)
     med = {k: statistics.median(v) for k, v in samples.items()}
     union_bytes = statistics.fmean(int(mk.any(0).sum()) for mk in masks) * GROUP * N_OUT * 2
+    checks = ", ".join(f"{k} {v:.3g}" for k, v in errs.items())
     print(f"tokens {args.tokens}, union {union_bytes / 1e6:.1f} MB of {N_OUT * K_IN * 2 / 1e6:.1f}; parts check max "
-          f"abs err {err:.3g}; copy {ceil['copy_TBps']:.2f} TB/s")
+          f"abs err {err:.3g} ({checks}); copy {ceil['copy_TBps']:.2f} TB/s")
     print(f"{'variant':60s} {'µs':>7s} {'TB/s (all bytes)':>17s}")
     for k, v in med.items():
         print(f"{k:60s} {v:7.2f} {N_OUT * K_IN * 2 / (v * 1e-6) / 1e12:17.2f}")
@@ -300,7 +326,7 @@ def main() -> None:
                     "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                     "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                     "python": platform.python_version(), "tokens": args.tokens, "rounds": args.rounds,
-                    "union_MB": union_bytes / 1e6, "parts_check_max_abs_err": err, **ceil},
+                    "union_MB": union_bytes / 1e6, "parts_check_max_abs_err": err, "parts_check": errs, **ceil},
            "median_us": med, "samples_us": samples}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -22,14 +22,15 @@ def probe():
     return module
 
 
-def _run(probe, w, x, mask, split, x_tile=False, mask_mode=0, finish=False):
+def _run(probe, w, x, mask, split, x_tile=False, mask_mode=0, finish=False, rotate=False):
     tiles = N // BLOCK_N
     out = torch.full((N * BLOCK_T,), float("nan"))
     work = torch.full((tiles * split * 2 * BLOCK_N * BLOCK_T,), probe.SENTINEL, dtype=torch.int32).view(torch.float32)
     counters = torch.zeros(tiles * (1 + split), dtype=torch.int32)
     probe._parts_kernel[(tiles * split,)](
         w, x, mask, out, work, counters, x.shape[0], N, w.shape[1], mask.shape[1], SPLIT=split, BLOCK_N=BLOCK_N,
-        BLOCK_K=GROUP, BLOCK_T=BLOCK_T, STAGES=2, X_TILE=x_tile, MASK=mask_mode, FINISH=finish)
+        BLOCK_K=GROUP, BLOCK_T=BLOCK_T, STAGES=2, X_TILE=x_tile, MASK=mask_mode, FINISH=finish,
+        ROTATE=rotate)
     assert not counters.any()  # the finish leaves its counters (and flags) at zero for the next call
     if finish == 3:  # ... and its workspace empty
         assert (work.view(torch.int32) == probe.SENTINEL).all()
@@ -52,6 +53,9 @@ def test_every_part_on_gives_the_masked_product(probe, groups):
     torch.testing.assert_close(got[:, :m].t(), ref, rtol=1e-4, atol=1e-3)
     for finish in (2, 3):  # the arrival counted first: flags, or partials that signal their own arrival
         got = _run(probe, w, x, mask, split=4, x_tile=True, mask_mode=1, finish=finish)
+        torch.testing.assert_close(got[:, :m].t(), ref, rtol=1e-4, atol=1e-3)
+    for split in (1, 2):  # each tile's K loop started at its own step and wrapped around
+        got = _run(probe, w, xm, mask, split=split, x_tile=True, mask_mode=2, finish=split > 1, rotate=True)
         torch.testing.assert_close(got[:, :m].t(), ref, rtol=1e-4, atol=1e-3)
     read = _run(probe, w, x, mask, split=1, mask_mode=2)  # no token tile: each row's sum over the used groups
     used = mask.any(0).to(torch.float32).repeat_interleave(GROUP)
