@@ -38,7 +38,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from .group_bits import pop_group, pop_group_wrapped, split_at, token_on, union_words
+    from .group_bits import pop_group, token_on, union_words
 
     @triton.jit
     def _split_k_finish(acc, acc2, ws_ptr, counter_ptr, tile, split,
@@ -179,7 +179,6 @@ if HAS_TRITON:
         OWN_UNION: tl.constexpr,
         ALL_GROUPS: tl.constexpr,
         BITS: tl.constexpr,
-        ROTATE: tl.constexpr,
         BLOCK_G: tl.constexpr,
         SPLIT: tl.constexpr,
         BLOCK_T: tl.constexpr,
@@ -204,8 +203,6 @@ if HAS_TRITON:
         if BITS:  # this split's share of the union as bits in registers (group_bits.py): no load in the loop
             lo, hi, n_mine, tok_lo, tok_hi = union_words(mask_ptr, offs_t, valid_t, G, split, SPLIT)
             g = 0
-            if ROTATE:  # start at group (tile mod G), wrap around (group_bits.py: spreads the token tile's reads)
-                lo, hi, lo_b, hi_b = split_at(lo, hi, tile % G)
         elif ALL_GROUPS:  # no list: every group, its weight loads predicated off where no token uses it
             n_groups = G
         elif OWN_UNION:  # the union list, built by every program into its own row of union_ptr (no plan launch)
@@ -233,18 +230,7 @@ if HAS_TRITON:
         x_cols = x_ptr + offs_t[None, :] * K + offs_k[:, None]
         acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
         for j in range(j_start, j_end):
-            if BITS and ROTATE:
-                if CHUNKS == 1:
-                    g, lo, hi, lo_b, hi_b = pop_group_wrapped(lo, hi, lo_b, hi_b)
-                else:  # a group's first chunk takes the next group
-                    first = (j % CHUNKS) == 0
-                    g_next, lo_next, hi_next, lo_b_next, hi_b_next = pop_group_wrapped(lo, hi, lo_b, hi_b)
-                    g = tl.where(first, g_next, g)
-                    lo = tl.where(first, lo_next, lo)
-                    hi = tl.where(first, hi_next, hi)
-                    lo_b = tl.where(first, lo_b_next, lo_b)
-                    hi_b = tl.where(first, hi_b_next, hi_b)
-            elif BITS:
+            if BITS:
                 if CHUNKS == 1:
                     g, lo, hi = pop_group(lo, hi)
                 else:  # a group's first chunk takes the next group
@@ -557,7 +543,6 @@ def input_groups_gemv(
         OWN_UNION=own_union,
         ALL_GROUPS=all_groups,
         BITS=bits,
-        ROTATE=bits and bool(cfg.get("ROTATE", False)),
         BLOCK_G=min(128, max(16, next_pow2(num_groups))),
         SPLIT=split,
         BLOCK_T=block_t,

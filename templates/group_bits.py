@@ -12,11 +12,6 @@ union as bits of two int64 words (groups 0-63 and 64-127) and each token's group
 and every step pops the lowest set bit with scalar arithmetic: the weight address depends only on registers, so the
 pipeline prefetches it like a pointer increment.
 
-Rotated walk (``split_at`` / ``pop_group_wrapped``): program ``i`` of the unsplit GEMV starts at group ``i mod G`` and
-wraps around, so that at any moment the programs read different columns of the token tile from L2 instead of all the
-same ones (``down_gemv_parts_probe.py``, 8 tokens, 32-row tiles: the token tile cost 2.5-3 µs in order, about 0.9
-rotated).
-
 The share of split ``s`` of ``SPLIT``: the union's active groups ranked in order, ranks ``(s * per, (s + 1) * per]``
 with ``per = ceil(active / SPLIT)`` (equal counts of active groups, as the list split them).
 """
@@ -75,24 +70,6 @@ if HAS_TRITON:
         g = lowest_bit_index(cur) + tl.where(use_lo, 0, 64)
         rest = cur & (cur - 1)
         return g, tl.where(use_lo, rest, lo), tl.where(use_lo, hi, rest)
-
-    @triton.jit
-    def split_at(lo, hi, r):
-        """``(a_lo, a_hi, b_lo, b_hi)``: the words' groups ``>= r`` (a) and ``< r`` (b), for ``0 <= r < 128``; walking
-        a, then b, starts a program's K loop at group ``r`` and wraps around."""
-        one = tl.full([], 1, tl.int64)
-        below_lo = tl.where(r >= 64, -1, (one << tl.minimum(r, 63).to(tl.int64)) - 1)
-        below_hi = tl.where(r >= 64, (one << tl.maximum(r - 64, 0).to(tl.int64)) - 1, 0)
-        return lo & ~below_lo, hi & ~below_hi, lo & below_lo, hi & below_hi
-
-    @triton.jit
-    def pop_group_wrapped(a_lo, a_hi, b_lo, b_hi):
-        """``(g, a_lo, a_hi, b_lo, b_hi)``: the lowest group of a while a holds any, else of b (``split_at``'s
-        order), and the words without it."""
-        use_a = (a_lo | a_hi) != 0
-        g, lo, hi = pop_group(tl.where(use_a, a_lo, b_lo), tl.where(use_a, a_hi, b_hi))
-        return (g, tl.where(use_a, lo, a_lo), tl.where(use_a, hi, a_hi), tl.where(use_a, b_lo, lo),
-                tl.where(use_a, b_hi, hi))
 
     @triton.jit
     def token_on(tok_lo, tok_hi, g):
