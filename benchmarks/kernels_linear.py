@@ -46,8 +46,8 @@ from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's dir
 from kernels_linear_sweeps import (  # noqa: E402
     SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
     gated_stage_sweeps, gated_wide_k_sweeps, gated_wide_rows_sweeps, half_tail_sweeps, input_moderate_gemv_sweeps,
-    input_all_groups_sweeps, input_bits_premasked_sweeps, input_bits_rotated_sweeps, input_bits_sweeps,
-    input_split_sweeps, moderate_gemv_sweeps, moderate_tile_sweeps, output_dense_sweeps, paired_sweeps,
+    input_all_groups_sweeps, input_bits_premasked_sweeps, input_bits_sweeps, input_split_sweeps, moderate_gemv_sweeps,
+    moderate_tile_sweeps, output_dense_sweeps, paired_sweeps,
     prefill_order_focus_sweeps, prefill_order_sweeps,
     query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
 )
@@ -505,9 +505,6 @@ def main() -> None:
                     "(kernels_linear_sweep_input_bits.json; --ms)")
     ap.add_argument("--sweep-input-bits-premasked", action="store_true", help="time BITS with unsplit 32-row tiles on "
                     "pre-masked inputs at 1-16 tokens instead (kernels_linear_sweep_input_bits_premasked.json; --ms)")
-    ap.add_argument("--sweep-input-bits-rotated", action="store_true", help="time BITS with each program's walk "
-                    "started at its own group (ROTATE) at 1-16 tokens instead "
-                    "(kernels_linear_sweep_input_bits_rotated.json; --ms)")
     ap.add_argument("--sweep-small-k-decode", action="store_true", help="time the q / o projection GEMVs with fewer "
                     "K splits and deeper pipelines at 1-2 tokens, every mask, instead "
                     "(kernels_linear_sweep_small_k_decode.json; --ms)")
@@ -567,8 +564,6 @@ def main() -> None:
               "sweep_input_bits": (with_ms(input_bits_sweeps), "kernels_linear_sweep_input_bits.json"),
               "sweep_input_bits_premasked": (with_ms(input_bits_premasked_sweeps),
                                              "kernels_linear_sweep_input_bits_premasked.json"),
-              "sweep_input_bits_rotated": (with_ms(input_bits_rotated_sweeps),
-                                           "kernels_linear_sweep_input_bits_rotated.json"),
               "sweep_small_k_decode": (with_ms(small_k_decode_sweeps), "kernels_linear_sweep_small_k_decode.json"),
               "sweep_rows_gemv": (with_ms(rows_gemv_sweeps), "kernels_linear_sweep_rows_gemv.json"),
               "sweep_input_moderate": (with_ms(input_moderate_gemv_sweeps), "kernels_linear_sweep_input_moderate.json"),

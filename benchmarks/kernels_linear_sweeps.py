@@ -310,18 +310,6 @@ def input_bits_premasked_sweeps(ms: tuple = (1, 2, 4, 8, 16)) -> list:
     return [(op, m, mask, configs) for m in ms for op in ("down_pm", "o_proj_pm") for mask in ("rand50", "trained")]
 
 
-def input_bits_rotated_sweeps(ms: tuple = (1, 2, 4, 8, 16)) -> list:
-    """``BITS`` with each program's walk started at group ``tile mod G`` and wrapped around (``ROTATE``), so that the
-    programs do not all read the same columns of the token tile at once (``down_gemv_parts_probe.py``: the token tile
-    cost 2.5-3 µs at 32-row tiles in order, about 0.9 rotated); pre-masked and in-kernel masked inputs."""
-    def bits(stages: int, rotate: bool) -> dict:
-        return dict(path="gemv", BITS=True, BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=stages, ROTATE=rotate)
-
-    configs = [dict(path="gemv"), bits(8, False), bits(8, True), bits(6, True), bits(12, True)]
-    return [(op, m, mask, configs) for m in ms for op in ("down_pm", "down", "o_proj_pm")
-            for mask in ("rand50", "trained")]
-
-
 def small_k_decode_sweeps(ms: tuple = (1, 2)) -> list:
     """The query projection's output-group GEMV and the output projection's input-group GEMV (K = 4096: 32 MB weights,
     where a launch's fixed time is a large part) with fewer K splits and deeper pipelines than their defaults (8 and 4

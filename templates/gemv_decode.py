@@ -38,7 +38,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from .group_bits import pop_group, rotate_words, token_on, union_words
+    from .group_bits import pop_group, token_on, union_words
 
     @triton.jit
     def _split_k_finish(acc, acc2, ws_ptr, counter_ptr, tile, split,
@@ -179,7 +179,6 @@ if HAS_TRITON:
         OWN_UNION: tl.constexpr,
         ALL_GROUPS: tl.constexpr,
         BITS: tl.constexpr,
-        ROTATE: tl.constexpr,
         BLOCK_G: tl.constexpr,
         SPLIT: tl.constexpr,
         BLOCK_T: tl.constexpr,
@@ -204,9 +203,6 @@ if HAS_TRITON:
         if BITS:  # this split's share of the union as bits in registers (group_bits.py): no load in the loop
             lo, hi, n_mine, tok_lo, tok_hi = union_words(mask_ptr, offs_t, valid_t, G, split, SPLIT)
             g = 0
-            rot = tile % G
-            if ROTATE:  # start at group (tile mod G), wrap around (group_bits.py: spreads the token tile's reads)
-                lo, hi = rotate_words(lo, hi, rot)
         elif ALL_GROUPS:  # no list: every group, its weight loads predicated off where no token uses it
             n_groups = G
         elif OWN_UNION:  # the union list, built by every program into its own row of union_ptr (no plan launch)
@@ -247,15 +243,11 @@ if HAS_TRITON:
                 g = j // CHUNKS
             else:
                 g = tl.load(union_ptr + j // CHUNKS)  # the only dependent load: one level of indirection
-            if BITS and ROTATE:
-                g_abs = (g + rot) % 128
-            else:
-                g_abs = g
-            k0 = g_abs * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
+            k0 = g * GROUP_SIZE + (j % CHUNKS) * BLOCK_K
             if BITS:
                 w = tl.load(w_rows + k0)
                 if ROW_MASK:
-                    xt = tl.load(x_cols + k0, mask=token_on(tok_lo, tok_hi, g_abs)[None, :], other=0.0)
+                    xt = tl.load(x_cols + k0, mask=token_on(tok_lo, tok_hi, g)[None, :], other=0.0)
                 else:
                     xt = tl.load(x_cols + k0, mask=valid_t[None, :], other=0.0)
             elif ALL_GROUPS:  # a group no token uses: its weight load is predicated off (no bytes read)
@@ -551,7 +543,6 @@ def input_groups_gemv(
         OWN_UNION=own_union,
         ALL_GROUPS=all_groups,
         BITS=bits,
-        ROTATE=bits and bool(cfg.get("ROTATE", False)),
         BLOCK_G=min(128, max(16, next_pow2(num_groups))),
         SPLIT=split,
         BLOCK_T=block_t,

@@ -12,10 +12,6 @@ union as bits of two int64 words (groups 0-63 and 64-127) and each token's group
 and every step pops the lowest set bit with scalar arithmetic: the weight address depends only on registers, so the
 pipeline prefetches it like a pointer increment.
 
-Rotated walk (``rotate_words``): program ``i`` of the unsplit GEMV starts at group ``i mod G`` and wraps around, so that at any moment the programs read different columns of the token tile from L2 instead of all the
-same ones (``down_gemv_parts_probe.py``, 8 tokens, 32-row tiles: the token tile cost 2.5-3 µs in order, about 0.9
-rotated).
-
 The share of split ``s`` of ``SPLIT``: the union's active groups ranked in order, ranks ``(s * per, (s + 1) * per]``
 with ``per = ceil(active / SPLIT)`` (equal counts of active groups, as the list split them).
 """
@@ -74,25 +70,6 @@ if HAS_TRITON:
         g = lowest_bit_index(cur) + tl.where(use_lo, 0, 64)
         rest = cur & (cur - 1)
         return g, tl.where(use_lo, rest, lo), tl.where(use_lo, hi, rest)
-
-    @triton.jit
-    def _shift_right_logical(word, s):
-        """``word >> s`` filling with zeros (Triton shifts int64 arithmetically), for ``1 <= s <= 63``."""
-        return (word >> s) & ~(tl.full([], -1, tl.int64) << (64 - s))
-
-    @triton.jit
-    def rotate_words(lo, hi, r):
-        """The 128-bit set ``(lo, hi)`` rotated so that group ``r`` sits at bit 0 (group g at bit ``(g - r) mod
-        128``), ``0 <= r < 128``: popping it from the lowest bit walks the groups from ``r`` up and wraps around; the
-        caller adds ``r`` back (``(bit + r) % 128``)."""
-        swap = r >= 64
-        a = tl.where(swap, hi, lo)
-        b = tl.where(swap, lo, hi)
-        s = tl.maximum(r % 64, 1).to(tl.int64)  # s = 0 (no shift within the words) is selected below
-        rot_lo = _shift_right_logical(a, s) | (b << (64 - s))
-        rot_hi = _shift_right_logical(b, s) | (a << (64 - s))
-        whole = (r % 64) == 0
-        return tl.where(whole, a, rot_lo), tl.where(whole, b, rot_hi)
 
     @triton.jit
     def token_on(tok_lo, tok_hi, g):

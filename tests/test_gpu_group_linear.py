@@ -444,8 +444,7 @@ def test_one_token_row_gemvs(weights, kind, dtype):
 def test_input_gemv_over_union_bits(weights, kind, m, dtype):
     """The input-group GEMV with its union held as bits (``BITS``, templates/group_bits.py) on the down projection
     (112 groups: both words) and the output projection (8 groups of 512: four K steps per group), input pre-masked
-    and not, unsplit 32-row tiles (walked in order and rotated: ``ROTATE``, program i from group i mod G) and the
-    4-split default tiles; outputs poisoned first, each equals its reference."""
+    and not, unsplit 32-row tiles and the 4-split default tiles; outputs poisoned first, each equals its reference."""
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + len(kind))
     for wname, gs in (("down", FFN_GROUP), ("o", ATTN_GROUP)):
         w = weights[wname].to(dtype)
@@ -453,8 +452,7 @@ def test_input_gemv_over_union_bits(weights, kind, m, dtype):
         mask = _mask(kind, m, w.shape[1] // gs, gen)
         ref = input_group_linear_reference(x.float(), w.float(), mask, gs)
         xm = x * (mask != 0).repeat_interleave(gs, dim=-1).to(dtype)
-        for cfg in (dict(BITS=True, BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=8), dict(BITS=True),
-                    dict(BITS=True, BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=8, ROTATE=True)):
+        for cfg in (dict(BITS=True, BLOCK_N=32, SPLIT=1, num_warps=4, num_stages=8), dict(BITS=True)):
             for inp, masked in ((x, False), (xm, True)):
                 out = torch.full((m, w.shape[0]), float("nan"), device="cuda", dtype=dtype)
                 input_group_linear(inp, w, mask, gs, path="gemv", x_is_masked=masked, config=cfg, out=out)

@@ -604,9 +604,7 @@ def test_decode_input_gemv_walks_union_bits(k, groups, gs, block_k, kind, m):
     """``BITS`` (``group_bits.py``): each program holds its split's share of the union as bits of two words and pops
     one group per step (100 groups: both words, every mask kind; 37 / 128 groups: one word, both full; groups of two
     K steps; 130 groups: more than the words hold, the list is used). Input masked in its loads or pre-masked, 1 or 3
-    splits (shares of ragged size), walked in order or rotated (``ROTATE``: program i starts at group i mod G and
-    wraps around; 40 rows in 32-row tiles: two programs, so one starts past group 0); equals the reference, every
-    output written."""
+    splits (shares of ragged size); equals the reference, every output written."""
     lin = k["group_linear"]
     gen = torch.Generator().manual_seed(_seed("bits", groups, gs, m, kind))
     n = 40
@@ -616,8 +614,8 @@ def test_decode_input_gemv_walks_union_bits(k, groups, gs, block_k, kind, m):
     mask = _mask(kind, m, groups, gen)
     expected = k["ref"].input_group_linear_reference(x, w, mask, gs, b)
     xm = x * (mask != 0).repeat_interleave(gs, dim=-1).to(x.dtype)
-    for split, rotate in ((1, False), (3, False), (1, True), (3, True)):
-        cfg = {"SPLIT": split, "BITS": True, "BLOCK_K": block_k, "ROTATE": rotate}
+    for split in (1, 3):
+        cfg = {"SPLIT": split, "BITS": True, "BLOCK_K": block_k}
         y = lin.input_group_linear(x, w, mask, gs, b, path="gemv", config=cfg, out=_poisoned((m, n), x.dtype))
         _check(y, expected, x.dtype)
         y = lin.input_group_linear(xm, w, mask, gs, b, path="gemv", x_is_masked=True, config=cfg,
