@@ -24,6 +24,7 @@ The ops and mask kinds are in ``kernels_linear_ops.py``; the configuration grids
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -43,14 +44,7 @@ from wide_compile.templates.group_linear import (
 from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's directory)
     MASKS, MS, OPS, TRAINED, TRAINED_MASKS, group_count, make_mask, mask_family,
 )
-from kernels_linear_sweeps import (  # noqa: E402
-    SWEEPS, active_first_sweeps, decode_sweeps, gate_up_tile_sweeps, gated_decode_sweeps, gated_moderate_sweeps,
-    gated_stage_sweeps, gated_wide_k_sweeps, gated_wide_rows_sweeps, half_tail_sweeps, input_moderate_gemv_sweeps,
-    input_all_groups_sweeps, input_bits_premasked_sweeps, input_bits_sweeps, input_split_sweeps, moderate_gemv_sweeps,
-    moderate_tile_sweeps, output_dense_sweeps, paired_sweeps,
-    prefill_order_focus_sweeps, prefill_order_sweeps,
-    query_tile_sweeps, rows_gemv_sweeps, small_k_decode_sweeps, tma_sweeps,
-)
+from kernels_linear_sweeps import FLAGS as SWEEP_FLAGS, SWEEPS, chosen_grid  # noqa: E402
 from kernels_targets import linear_targets  # noqa: E402
 from stream_read import READ_VARIANTS, all_variant_fns  # noqa: E402
 
@@ -464,63 +458,15 @@ def write_markdown(path: str, meta: dict, rows: list, tg: list) -> None:
         f.write("\n".join(lines) + "\n")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: the main table's options and one ``--sweep-<name>`` flag per ``kernels_linear_sweeps.FLAGS``
+    entry."""
+    ap = argparse.ArgumentParser(description="Group-skipping linear kernels against cuBLAS (Llama-3-8B shapes)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants")
-    ap.add_argument("--sweep-decode", action="store_true", help="time a grid of input-group GEMV configs instead")
-    ap.add_argument("--sweep-tma", action="store_true", help="time the prefill gate/up GEMM with TMA weight tiles "
-                    "against pointer loads instead (kernels_linear_sweep_tma.json; with --ms: at those token counts, "
-                    "three configs)")
-    ap.add_argument("--sweep-moderate", action="store_true", help="time tile grids of the output-group GEMMs at "
-                    "64-1024 tokens instead (kernels_linear_sweep_moderate.json)")
-    ap.add_argument("--sweep-moderate-gemv", action="store_true", help="time the output-group GEMV kernel against "
-                    "the GEMM at 32-256 tokens instead (kernels_linear_sweep_moderate_gemv.json)")
-    ap.add_argument("--sweep-gate-up-tiles", action="store_true", help="time the prefill gate/up GEMM's tile shapes "
-                    "and program order instead (kernels_linear_sweep_gate_up_tiles.json; --ms: token counts)")
-    ap.add_argument("--sweep-gated-decode", action="store_true", help="time the fused gate/up GEMV's tiles and K "
-                    "splits at 1-16 tokens instead (kernels_linear_sweep_gated_decode.json)")
-    ap.add_argument("--sweep-gated-moderate", action="store_true", help="time the fused gate/up GEMV's tiles, "
-                    "stages and warps at 1, 2, 32 and 64 tokens instead (kernels_linear_sweep_gated_moderate.json)")
-    ap.add_argument("--sweep-gated-stages", action="store_true", help="time the fused gate/up GEMV with 3 and 4 "
-                    "stages at 1-128 tokens, every mask, instead (kernels_linear_sweep_gated_stages.json; --ms)")
-    ap.add_argument("--sweep-gated-wide-k", action="store_true", help="time the fused gate/up GEMV with 256-wide K "
-                    "steps against 128-wide ones at 1-4 tokens, every mask, instead "
-                    "(kernels_linear_sweep_gated_wide_k.json; --ms)")
-    ap.add_argument("--sweep-half-tail", action="store_true", help="time the prefill gate/up GEMM with and without "
-                    "half-height last tiles instead (kernels_linear_sweep_half_tail.json; --ms: token counts)")
-    ap.add_argument("--sweep-active-first", action="store_true", help="time the prefill output-group GEMMs with "
-                    "and without ACTIVE_FIRST (zero-only tiles last); --ms: token counts")
-    ap.add_argument("--sweep-paired", action="store_true", help="time the prefill gate/up GEMM with its gate and up "
-                    "tiles in one TMA box against two (PAIRED), and TMA tiles below 2048 tokens; --ms: token counts")
-    ap.add_argument("--sweep-query-tiles", action="store_true", help="time the query projection's output-group GEMM "
-                    "tiles; --ms: token counts (default 4096)")
-    ap.add_argument("--sweep-input-split", action="store_true", help="time the input-group GEMV with K split in "
-                    "fewer parts at 1-16 tokens instead (kernels_linear_sweep_input_split.json; --ms)")
-    ap.add_argument("--sweep-input-all-groups", action="store_true", help="time the input-group GEMV over all groups "
-                    "(weight loads of unused groups predicated off, no union list) against the default at 1-32 "
-                    "tokens instead (kernels_linear_sweep_input_all_groups.json; --ms)")
-    ap.add_argument("--sweep-input-bits", action="store_true", help="time the input-group GEMV walking its union as "
-                    "bits in registers (BITS) against the default at 1-32 tokens instead "
-                    "(kernels_linear_sweep_input_bits.json; --ms)")
-    ap.add_argument("--sweep-input-bits-premasked", action="store_true", help="time BITS with unsplit 32-row tiles on "
-                    "pre-masked inputs at 1-16 tokens instead (kernels_linear_sweep_input_bits_premasked.json; --ms)")
-    ap.add_argument("--sweep-small-k-decode", action="store_true", help="time the q / o projection GEMVs with fewer "
-                    "K splits and deeper pipelines at 1-2 tokens, every mask, instead "
-                    "(kernels_linear_sweep_small_k_decode.json; --ms)")
-    ap.add_argument("--sweep-rows-gemv", action="store_true", help="time the row-streaming one-token GEMVs "
-                    "(templates/gemv_rows.py) against the MMA GEMVs instead "
-                    "(kernels_linear_sweep_rows_gemv.json; --ms)")
-    ap.add_argument("--sweep-input-moderate", action="store_true", help="time the input-group GEMV against cuBLAS "
-                    "on the masked input at 32-256 tokens (down / o_proj)")
-    ap.add_argument("--sweep-output-dense", action="store_true", help="time the query projection's GEMM against "
-                    "cuBLAS with the inactive outputs zeroed at 192-1024 tokens")
-    ap.add_argument("--sweep-gated-wide-rows", action="store_true", help="time the fused gate/up GEMV with 128-row "
-                    "tiles against its 64-row default at 32-64 tokens")
-    ap.add_argument("--sweep-prefill-order", action="store_true", help="time the prefill gate/up and query GEMMs' "
-                    "program orders (GROUP_N, ACTIVE_FIRST) and pipeline depths in one call")
-    ap.add_argument("--sweep-prefill-order-focus", action="store_true", help="time the orders the prefill-order "
-                    "sweep found ahead at 4096 tokens, at 2048-8192 tokens")
+    for name, (make, out, what) in SWEEP_FLAGS.items():
+        counts = "; --ms: token counts" if inspect.signature(make).parameters else ""
+        ap.add_argument(f"--sweep-{name}", action="store_true", help=f"time {what} instead ({out}{counts})")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")
     ap.add_argument("--rounds", type=int, default=3, help="main table: interleaved timing rounds of dense, half "
@@ -529,7 +475,11 @@ def main() -> None:
     ap.add_argument("--ops", default="gate_up,down,q_proj,o_proj,down_pm,o_proj_pm,down_gemm,o_proj_gemm,ffn")
     ap.add_argument("--ms", default="")
     ap.add_argument("--masks", default="")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -541,42 +491,10 @@ def main() -> None:
     meta["ceilings"] = ceilings()
     print("ceilings", meta["ceilings"], flush=True)
     result = dict(meta=meta)
-    def with_ms(make):  # the sweep at --ms's token counts, or at its own default ones
-        return lambda: make(tuple(int(v) for v in args.ms.split(","))) if args.ms else make()
-
-    sweeps = {"sweep_decode": (decode_sweeps, "kernels_linear_sweep.json"),
-              "sweep_tma": (lambda: tma_sweeps(tuple(int(v) for v in args.ms.split(",")), wide=False) if args.ms
-                            else tma_sweeps(), "kernels_linear_sweep_tma.json"),
-              "sweep_gate_up_tiles": (with_ms(gate_up_tile_sweeps), "kernels_linear_sweep_gate_up_tiles.json"),
-              "sweep_moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json"),
-              "sweep_moderate_gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json"),
-              "sweep_gated_decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json"),
-              "sweep_gated_moderate": (with_ms(gated_moderate_sweeps), "kernels_linear_sweep_gated_moderate.json"),
-              "sweep_gated_stages": (with_ms(gated_stage_sweeps), "kernels_linear_sweep_gated_stages.json"),
-              "sweep_gated_wide_k": (with_ms(gated_wide_k_sweeps), "kernels_linear_sweep_gated_wide_k.json"),
-              "sweep_half_tail": (with_ms(half_tail_sweeps), "kernels_linear_sweep_half_tail.json"),
-              "sweep_active_first": (with_ms(active_first_sweeps), "kernels_linear_sweep_active_first.json"),
-              "sweep_query_tiles": (with_ms(query_tile_sweeps), "kernels_linear_sweep_query_tiles.json"),
-              "sweep_paired": (with_ms(paired_sweeps), "kernels_linear_sweep_paired.json"),
-              "sweep_input_split": (with_ms(input_split_sweeps), "kernels_linear_sweep_input_split.json"),
-              "sweep_input_all_groups": (with_ms(input_all_groups_sweeps),
-                                         "kernels_linear_sweep_input_all_groups.json"),
-              "sweep_input_bits": (with_ms(input_bits_sweeps), "kernels_linear_sweep_input_bits.json"),
-              "sweep_input_bits_premasked": (with_ms(input_bits_premasked_sweeps),
-                                             "kernels_linear_sweep_input_bits_premasked.json"),
-              "sweep_small_k_decode": (with_ms(small_k_decode_sweeps), "kernels_linear_sweep_small_k_decode.json"),
-              "sweep_rows_gemv": (with_ms(rows_gemv_sweeps), "kernels_linear_sweep_rows_gemv.json"),
-              "sweep_input_moderate": (with_ms(input_moderate_gemv_sweeps), "kernels_linear_sweep_input_moderate.json"),
-              "sweep_output_dense": (with_ms(output_dense_sweeps), "kernels_linear_sweep_output_dense.json"),
-              "sweep_gated_wide_rows": (with_ms(gated_wide_rows_sweeps), "kernels_linear_sweep_gated_wide_rows.json"),
-              "sweep_prefill_order": (with_ms(prefill_order_sweeps), "kernels_linear_sweep_prefill_order.json"),
-              "sweep_prefill_order_focus": (with_ms(prefill_order_focus_sweeps),
-                                            "kernels_linear_sweep_prefill_order_focus.json"),
-              "sweep": (lambda: None, "kernels_linear_sweep.json")}
-    chosen = [key for key in sweeps if getattr(args, key)]
+    chosen = chosen_grid(vars(args), tuple(int(v) for v in args.ms.split(",")) if args.ms else ())
     if chosen:
-        make, name = sweeps[chosen[0]]
-        result["sweep"] = run_sweep(gen, make(), repeat=args.repeat)
+        grid, name = chosen
+        result["sweep"] = run_sweep(gen, grid, repeat=args.repeat)
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1)
     if not args.no_main:

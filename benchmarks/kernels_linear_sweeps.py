@@ -1,7 +1,10 @@
 """The configuration grids that ``benchmarks/kernels_linear.py --sweep-*`` times (one function per flag; each
-returns ``[(op, tokens, mask, [config, ...]), ...]`` for ``kernels_linear.run_sweep``), and the result file each one
-was committed as. ``SWEEPS`` is the plain ``--sweep`` grid."""
+returns ``[(op, tokens, mask, [config, ...]), ...]`` for ``kernels_linear.run_sweep``), registered in ``FLAGS`` with
+the result file each one writes and what it times (the command line is built from it). ``SWEEPS`` is the plain
+``--sweep`` grid."""
 from __future__ import annotations
+
+import inspect
 
 from kernels_linear_ops import MASKS, OPS, TRAINED
 
@@ -422,3 +425,73 @@ def prefill_order_focus_sweeps(ms: tuple = (4096, 2048, 8192)) -> list:
         sweeps.append(("gate_up", m, "rand50", [g, dict(g, GROUP_N=4), dict(g, GROUP_N=4, ACTIVE_FIRST=False),
                                                 dict(g, GROUP_N=16)]))
     return sweeps
+
+
+def _tma_at(ms: tuple | None = None) -> list:
+    """``--sweep-tma``: three configs at ``--ms``'s token counts, else the wide grid at its own."""
+    return tma_sweeps(ms, wide=False) if ms else tma_sweeps()
+
+
+# ``benchmarks/kernels_linear.py --sweep-<name>`` -> (its grid, the result file it writes, what it times). Grids with
+# a token-count parameter take ``--ms``'s counts when given. ``--sweep`` alone times ``SWEEPS``.
+FLAGS = {
+    "decode": (decode_sweeps, "kernels_linear_sweep.json", "a grid of input-group GEMV configs"),
+    "tma": (_tma_at, "kernels_linear_sweep_tma.json", "the prefill gate/up GEMM with TMA weight tiles against "
+            "pointer loads (with --ms: at those token counts, three configs)"),
+    "moderate": (moderate_tile_sweeps, "kernels_linear_sweep_moderate.json",
+                 "tile grids of the output-group GEMMs at 64-1024 tokens"),
+    "moderate-gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json",
+                      "the output-group GEMV kernel against the GEMM at 32-256 tokens"),
+    "gate-up-tiles": (gate_up_tile_sweeps, "kernels_linear_sweep_gate_up_tiles.json",
+                      "the prefill gate/up GEMM's tile shapes and program order"),
+    "gated-decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json",
+                     "the fused gate/up GEMV's tiles and K splits at 1-16 tokens"),
+    "gated-moderate": (gated_moderate_sweeps, "kernels_linear_sweep_gated_moderate.json",
+                       "the fused gate/up GEMV's tiles, stages and warps at 1, 2, 32 and 64 tokens"),
+    "gated-stages": (gated_stage_sweeps, "kernels_linear_sweep_gated_stages.json",
+                     "the fused gate/up GEMV with 3 and 4 stages at 1-128 tokens, every mask"),
+    "gated-wide-k": (gated_wide_k_sweeps, "kernels_linear_sweep_gated_wide_k.json",
+                     "the fused gate/up GEMV with 256-wide K steps against 128-wide ones at 1-4 tokens, every mask"),
+    "half-tail": (half_tail_sweeps, "kernels_linear_sweep_half_tail.json",
+                  "the prefill gate/up GEMM with and without half-height last tiles"),
+    "active-first": (active_first_sweeps, "kernels_linear_sweep_active_first.json",
+                     "the prefill output-group GEMMs with and without ACTIVE_FIRST (zero-only tiles last)"),
+    "query-tiles": (query_tile_sweeps, "kernels_linear_sweep_query_tiles.json",
+                    "the query projection's output-group GEMM tiles (default 4096 tokens)"),
+    "paired": (paired_sweeps, "kernels_linear_sweep_paired.json", "the prefill gate/up GEMM with its gate and up "
+               "tiles in one TMA box against two (PAIRED), and TMA tiles below 2048 tokens"),
+    "input-split": (input_split_sweeps, "kernels_linear_sweep_input_split.json",
+                    "the input-group GEMV with K split in fewer parts at 1-16 tokens"),
+    "input-all-groups": (input_all_groups_sweeps, "kernels_linear_sweep_input_all_groups.json",
+                         "the input-group GEMV over all groups (weight loads of unused groups predicated off, no "
+                         "union list) against the default at 1-32 tokens"),
+    "input-bits": (input_bits_sweeps, "kernels_linear_sweep_input_bits.json", "the input-group GEMV walking its "
+                   "union as bits in registers (BITS) against the default at 1-32 tokens"),
+    "input-bits-premasked": (input_bits_premasked_sweeps, "kernels_linear_sweep_input_bits_premasked.json",
+                             "BITS with unsplit 32-row tiles on pre-masked inputs at 1-16 tokens"),
+    "small-k-decode": (small_k_decode_sweeps, "kernels_linear_sweep_small_k_decode.json", "the q / o projection "
+                       "GEMVs with fewer K splits and deeper pipelines at 1-2 tokens, every mask"),
+    "rows-gemv": (rows_gemv_sweeps, "kernels_linear_sweep_rows_gemv.json",
+                  "the row-streaming one-token GEMVs (templates/gemv_rows.py) against the MMA GEMVs"),
+    "input-moderate": (input_moderate_gemv_sweeps, "kernels_linear_sweep_input_moderate.json",
+                       "the input-group GEMV against cuBLAS on the masked input at 32-256 tokens (down / o_proj)"),
+    "output-dense": (output_dense_sweeps, "kernels_linear_sweep_output_dense.json",
+                     "the query projection's GEMM against cuBLAS with the inactive outputs zeroed at 192-1024 tokens"),
+    "gated-wide-rows": (gated_wide_rows_sweeps, "kernels_linear_sweep_gated_wide_rows.json",
+                        "the fused gate/up GEMV with 128-row tiles against its 64-row default at 32-64 tokens"),
+    "prefill-order": (prefill_order_sweeps, "kernels_linear_sweep_prefill_order.json", "the prefill gate/up and "
+                      "query GEMMs' program orders (GROUP_N, ACTIVE_FIRST) and pipeline depths in one call"),
+    "prefill-order-focus": (prefill_order_focus_sweeps, "kernels_linear_sweep_prefill_order_focus.json",
+                            "the orders the prefill-order sweep found ahead at 4096 tokens, at 2048-8192 tokens"),
+}
+
+
+def chosen_grid(flags: dict, ms: tuple) -> tuple[list | None, str] | None:
+    """``(grid, result file)`` of the first ``--sweep-*`` flag set in ``flags`` (argparse's attribute -> value; the
+    grid at ``ms`` where given and it takes token counts), ``(None, ...)`` for ``--sweep`` alone (``SWEEPS``), or
+    None."""
+    for name, (make, out, _what) in FLAGS.items():
+        if flags.get("sweep_" + name.replace("-", "_")):
+            takes_ms = bool(inspect.signature(make).parameters)
+            return (make(ms) if ms and takes_ms else make()), out
+    return (None, "kernels_linear_sweep.json") if flags.get("sweep") else None
