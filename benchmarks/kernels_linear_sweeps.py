@@ -108,6 +108,21 @@ def gate_up_tile_sweeps(ms: tuple = (4096,)) -> list:
     return [("gate_up", m, "rand50", configs) for m in ms]
 
 
+def gate_up_moderate_tile_sweeps(ms: tuple = (256,)) -> list:
+    """The gate/up GEMM at 256 tokens (57% of the bound in stop 37's table). Nsight Compute there
+    (``results/ncu_gate_up_256.txt``): 448 programs of one warpgroup, 1 per SM (131 KB of shared memory), 3.39 waves,
+    half of them a group's second token tile (zero-only or a tail of a few rows), DRAM at 52% and L2 hits at 47%. So:
+    tiles of 256 tokens (one token tile per group: no tails, no weight re-reads; every row's MMA), quarter tails, wider
+    and narrower n tiles, the program order and ``ACTIVE_FIRST``, rand50 and trained masks."""
+    base = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, TMA=True, TAIL_SPLIT=2)
+    configs = [base, dict(base, TAIL_SPLIT=4), dict(base, ACTIVE_FIRST=True), dict(base, GROUP_N=2),
+               dict(base, GROUP_N=32), dict(base, num_stages=3),
+               dict(base, BLOCK_N=128, num_warps=8), dict(base, BLOCK_N=32, TAIL_SPLIT=4),
+               dict(base, BLOCK_M=256, num_warps=8, num_stages=3), dict(base, BLOCK_M=256, BLOCK_N=32, num_warps=8),
+               dict(base, BLOCK_M=64, TAIL_SPLIT=1), dict(base, BLOCK_M=64, BLOCK_N=128, TAIL_SPLIT=1)]
+    return [("gate_up", m, mask, configs) for m in ms for mask in ("rand50", "trained")]
+
+
 def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384), splits: tuple = (1, 2, 4)) -> list:
     """The prefill gate/up GEMM and the query projection's output-group GEMM at their default tiles with and without
     ``TAIL_SPLIT`` 1 / 2 / 4 (a group's last tile with at most half / a quarter of its rows active runs its products on
@@ -442,6 +457,8 @@ FLAGS = {
                  "tile grids of the output-group GEMMs at 64-1024 tokens"),
     "moderate-gemv": (moderate_gemv_sweeps, "kernels_linear_sweep_moderate_gemv.json",
                       "the output-group GEMV kernel against the GEMM at 32-256 tokens"),
+    "gate-up-moderate-tiles": (gate_up_moderate_tile_sweeps, "kernels_linear_sweep_gate_up_moderate_tiles.json",
+                               "the gate/up GEMM's tiles, tails and program order at 256 tokens"),
     "gate-up-tiles": (gate_up_tile_sweeps, "kernels_linear_sweep_gate_up_tiles.json",
                       "the prefill gate/up GEMM's tile shapes and program order"),
     "gated-decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json",
