@@ -623,6 +623,34 @@ def test_decode_input_gemv_walks_union_bits(k, groups, gs, block_k, kind, m):
         _check(y, expected, x.dtype)
 
 
+@pytest.mark.parametrize("groups", [4, 100])
+def test_one_token_input_gemv_needs_no_masking_of_x(k, monkeypatch, groups):
+    """One token: its union is its own groups, so the input-group GEMV reads x only inside them and takes the
+    pre-masked kernels (no per-token predicate; the configuration asked for with ``x_is_masked=True``) also for an
+    input that is not masked; x is large outside the groups, so a leak would show; equal to the reference and
+    bit-equal to the call on the pre-masked input."""
+    lin, gemv = k["group_linear"], k["gemv_decode"]
+    asked = []
+    real = gemv.input_config
+    monkeypatch.setattr(gemv, "input_config", lambda *a, **kw: asked.append(
+        a[5] if len(a) > 5 else kw.get("x_is_masked")) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(groups)
+    gs, n = 16, 48
+    x = torch.randn(1, gs * groups, generator=gen).to(torch.float16)
+    w = (torch.randn(n, gs * groups, generator=gen) / 20).to(torch.float16)
+    mask = torch.rand(1, groups, generator=gen) < 0.5
+    mask[0, 1], mask[0, 2] = False, True
+    on = mask.repeat_interleave(gs, dim=-1)
+    x = torch.where(on, x, x * 1000)  # outside the token's groups: large
+    expected = k["ref"].input_group_linear_reference(x, w, mask, gs)
+    y = lin.input_group_linear(x, w, mask, gs, path="gemv", out=_poisoned((1, n), x.dtype))
+    _check(y, expected, x.dtype)
+    y_pre = lin.input_group_linear(x * on.to(x.dtype), w, mask, gs, path="gemv", x_is_masked=True,
+                                   out=_poisoned((1, n), x.dtype))
+    assert torch.equal(y, y_pre)
+    assert asked == [True, True]
+
+
 def test_split_kernels_leave_the_shared_arrival_counters_at_zero(k):
     """Split-K GEMVs take their counters from ``arrival_counters`` (no memset per call): one zeroed buffer reused by
     every launch, left at zero by each, grown (never shrunk) on demand; repeated calls stay correct."""
