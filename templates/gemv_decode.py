@@ -513,9 +513,9 @@ def input_groups_gemv(
     if gemv_rows.applies(num_tokens, n_dim * k_dim * weight.element_size(), group_size, config, output=False):
         return gemv_rows.input_rows_gemv(x, weight, bias, mask_rows, group_size, config, out)
     # One token: its union is its own groups, so no path reads x outside them and masking x is a no-op; the
-    # pre-masked kernels (no per-token predicate; BITS where it applies) are exact. H200, down at one token, masked
-    # input: 20.5 / 20.2 µs (union list, 50% / trained) against 19.1 / 17.6 pre-masked
-    # (kernels_linear_sweep_input_bits_rotated_v2.json, same call).
+    # pre-masked kernels (no per-token predicate; BITS where it applies) are exact. H200, down at one token, input
+    # masked in the kernel, 50% / trained masks: 20.2 / 20.0 µs on the union list (stop 37's kernels_linear.md), 19.1 /
+    # 17.9 this way (kernels_linear_one_token_input_stop38.md).
     x_is_masked = x_is_masked or num_tokens == 1
     cfg = dict(input_config(group_size, num_tokens, num_groups, n_dim, x.element_size(), x_is_masked),
                **(config or {}))
