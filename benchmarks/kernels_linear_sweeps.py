@@ -123,23 +123,6 @@ def gate_up_moderate_tile_sweeps(ms: tuple = (256,)) -> list:
     return [("gate_up", m, mask, configs) for m in ms for mask in ("rand50", "trained")]
 
 
-def gate_up_tail_fold_sweeps(ms: tuple = (256, 512, 1024)) -> list:
-    """``TAIL_FOLD`` in the gate/up GEMM: a group's last full token tile also computes the next tile's first R list
-    positions against the same weight tiles (``gate_up_moderate_tile_sweeps``' diagnosis: half the programs at 256
-    tokens are short second tiles that read the weights again); R = 32 / 64 with 8 warps (4 warps and R = 64 spill on
-    sm_90a), against the default and 8 warps without the fold."""
-    def at(m: int) -> list:
-        if m < 512:
-            base = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4, TMA=True, TAIL_SPLIT=2)
-        else:
-            base = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True, TAIL_SPLIT=2,
-                        ACTIVE_FIRST=True)
-        eight = dict(base, num_warps=8)
-        return [base, eight, dict(eight, TAIL_FOLD=64), dict(eight, TAIL_FOLD=32), dict(eight, TAIL_FOLD=64,
-                num_stages=3), dict(eight, BLOCK_N=64, TAIL_FOLD=64), dict(eight, BLOCK_N=64, TAIL_FOLD=32)]
-    return [("gate_up", m, mask, at(m)) for m in ms for mask in ("rand50", "trained")]
-
-
 def half_tail_sweeps(ms: tuple = (1024, 2048, 4096, 16384), splits: tuple = (1, 2, 4)) -> list:
     """The prefill gate/up GEMM and the query projection's output-group GEMM at their default tiles with and without
     ``TAIL_SPLIT`` 1 / 2 / 4 (a group's last tile with at most half / a quarter of its rows active runs its products on
@@ -476,9 +459,6 @@ FLAGS = {
                       "the output-group GEMV kernel against the GEMM at 32-256 tokens"),
     "gate-up-moderate-tiles": (gate_up_moderate_tile_sweeps, "kernels_linear_sweep_gate_up_moderate_tiles.json",
                                "the gate/up GEMM's tiles, tails and program order at 256 tokens"),
-    "gate-up-tail-fold": (gate_up_tail_fold_sweeps, "kernels_linear_sweep_gate_up_tail_fold.json",
-                          "the gate/up GEMM with a group's short last tile folded into its last full one (TAIL_FOLD) "
-                          "at 256-1024 tokens"),
     "gate-up-tiles": (gate_up_tile_sweeps, "kernels_linear_sweep_gate_up_tiles.json",
                       "the prefill gate/up GEMM's tile shapes and program order"),
     "gated-decode": (gated_decode_sweeps, "kernels_linear_sweep_gated_decode.json",

@@ -52,26 +52,11 @@ from ._triton_utils import (ACTIVATION_CODES, HAS_TRITON, activation_fn, cdiv, i
                             output_group_tile, tail_part, tail_rows)
 from .group_gemm_tiles import load_token_rows, load_weight_pair, load_weight_tile
 from .tma_weights import pair_descriptor, use_tma, weight_descriptors
-from .tail_split import tail_fold, tail_split
+from .tail_split import tail_split
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    @triton.jit
-    def _split_pair(acc, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, UP_FIRST: tl.constexpr):
-        """A paired accumulator's ``(gate, up)`` halves."""
-        first, second = acc.reshape(ROWS, 2, BLOCK_N).permute(0, 2, 1).split()
-        if UP_FIRST:
-            return second, first
-        return first, second
-
-    @triton.jit
-    def _store_gated(h_ptr, acc_g, acc_u, rows, offs_m, count, offs_n, out_mask, N, ACTIVATION: tl.constexpr):
-        """The activation, the product, zeros for list positions at or past ``count``, one store."""
-        h = activation_fn(acc_g, ACTIVATION) * acc_u
-        h = tl.where((offs_m < count)[:, None], h, 0.0)
-        tl.store(h_ptr + rows[:, None] * N + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _gated_up_rows(
@@ -86,44 +71,31 @@ if HAS_TRITON:
         WARP_SPECIALIZE: tl.constexpr,
         PAIRED: tl.constexpr,
         UP_FIRST: tl.constexpr,
-        rows2=None, offs_m2=None, out_mask2=None,
-        EXTRA: tl.constexpr = 0,
     ):
         """``h[rows, n tile]`` of one tile (as many rows as ``rows`` holds): both products over K, then the
-        activation, the product, zeros for rows at or past ``count``, one store. ``EXTRA`` > 0: also the ``EXTRA``
-        list positions ``offs_m2`` (token rows ``rows2``, store mask ``out_mask2``) against the same weight tiles,
-        so a group's short last tile shares its weight reads (``TAIL_FOLD``)."""
+        activation, the product, zeros for rows at or past ``count``, one store."""
         offs_k = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-        if EXTRA:
-            x_ptrs2 = x_ptr + rows2[:, None] * K + offs_k[None, :]
         n_start = tl.min(offs_n, 0)  # the tile's first output column (TMA coordinates)
-        BLOCK_N: tl.constexpr = offs_n.shape[0]
         if PAIRED:  # one [2, N, K] box and one MMA of 2 x BLOCK_N columns per K step
+            BLOCK_N: tl.constexpr = offs_n.shape[0]
             acc = tl.zeros((rows.shape[0], 2 * BLOCK_N), dtype=tl.float32)
-            if EXTRA:
-                acc2 = tl.zeros((EXTRA, 2 * BLOCK_N), dtype=tl.float32)
             for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
                 a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
-                b = load_weight_pair(wg_desc, n_start, k, BLOCK_N, BLOCK_K, UPCAST)
-                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                acc = tl.dot(a, load_weight_pair(wg_desc, n_start, k, BLOCK_N, BLOCK_K, UPCAST), acc,
+                             input_precision=DOT_PRECISION)
                 x_ptrs += BLOCK_K
-                if EXTRA:
-                    a2 = load_token_rows(x_ptrs2, k, offs_k, K, EVEN_K, UPCAST)
-                    acc2 = tl.dot(a2, b, acc2, input_precision=DOT_PRECISION)
-                    x_ptrs2 += BLOCK_K
-            acc_g, acc_u = _split_pair(acc, rows.shape[0], BLOCK_N, UP_FIRST)
-            if EXTRA:
-                acc_g2, acc_u2 = _split_pair(acc2, EXTRA, BLOCK_N, UP_FIRST)
+            first, second = acc.reshape(rows.shape[0], 2, BLOCK_N).permute(0, 2, 1).split()
+            if UP_FIRST:
+                acc_g, acc_u = second, first
+            else:
+                acc_g, acc_u = first, second
         else:
             w_off = offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
             wg_ptrs = wg_ptr + w_off
             wu_ptrs = wu_ptr + w_off
-            acc_g = tl.zeros((rows.shape[0], BLOCK_N), dtype=tl.float32)
-            acc_u = tl.zeros((rows.shape[0], BLOCK_N), dtype=tl.float32)
-            if EXTRA:
-                acc_g2 = tl.zeros((EXTRA, BLOCK_N), dtype=tl.float32)
-                acc_u2 = tl.zeros((EXTRA, BLOCK_N), dtype=tl.float32)
+            acc_g = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
+            acc_u = tl.zeros((rows.shape[0], offs_n.shape[0]), dtype=tl.float32)
             for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
                 a = load_token_rows(x_ptrs, k, offs_k, K, EVEN_K, UPCAST)
                 bg = load_weight_tile(wg_ptrs, wg_desc, n_start, k, offs_k, K, valid_n, USE_TMA, EVEN_K, EVEN_N,
@@ -135,14 +107,9 @@ if HAS_TRITON:
                 x_ptrs += BLOCK_K
                 wg_ptrs += BLOCK_K
                 wu_ptrs += BLOCK_K
-                if EXTRA:
-                    a2 = load_token_rows(x_ptrs2, k, offs_k, K, EVEN_K, UPCAST)
-                    acc_g2 = tl.dot(a2, bg, acc_g2, input_precision=DOT_PRECISION)
-                    acc_u2 = tl.dot(a2, bu, acc_u2, input_precision=DOT_PRECISION)
-                    x_ptrs2 += BLOCK_K
-        _store_gated(h_ptr, acc_g, acc_u, rows, offs_m, count, offs_n, out_mask, N, ACTIVATION)
-        if EXTRA:
-            _store_gated(h_ptr, acc_g2, acc_u2, rows2, offs_m2, count, offs_n, out_mask2, N, ACTIVATION)
+        h = activation_fn(acc_g, ACTIVATION) * acc_u
+        h = tl.where((offs_m < count)[:, None], h, 0.0)
+        tl.store(h_ptr + rows[:, None] * N + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _gated_up_tail(
@@ -192,26 +159,13 @@ if HAS_TRITON:
         ACTIVE_FIRST: tl.constexpr,
         PAIRED: tl.constexpr,
         UP_FIRST: tl.constexpr,
-        TAIL_FOLD: tl.constexpr = 0,
     ):
         tile_start, offs_m, rows, count, offs_n, valid_n, out_mask = output_group_tile(
             M, N, tokens_ptr, counts_ptr, GROUP_SIZE, TILES_PER_GROUP, BLOCK_M, BLOCK_N, GROUP_N, ACTIVE_FIRST)
         part = tail_part(count, tile_start, BLOCK_M, TAIL_SPLIT)
-        left = count - tile_start  # active list positions from this tile's first
-        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty)
         if tile_start >= count:  # fully inactive tile: zeros only
-            tl.store(h_ptr + rows[:, None] * N + offs_n[None, :], zeros, mask=out_mask)
-        elif TAIL_FOLD and tile_start >= BLOCK_M and left <= TAIL_FOLD:
-            # folded: the previous tile's program computes (or zeroes) this tile's first TAIL_FOLD positions
-            rest = out_mask & (offs_m >= tile_start + TAIL_FOLD)[:, None]
-            tl.store(h_ptr + rows[:, None] * N + offs_n[None, :], zeros, mask=rest)
-        elif TAIL_FOLD and left > BLOCK_M and left <= BLOCK_M + TAIL_FOLD:
-            # the group's last full tile: also the next tile's first TAIL_FOLD positions, on the same weight tiles
-            rows2, offs_m2, out_mask2 = tail_rows(tokens_ptr, tile_start + BLOCK_M, offs_n, valid_n, M, GROUP_SIZE,
-                                                  TAIL_FOLD)
-            _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
-                           out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
-                           WARP_SPECIALIZE, PAIRED, UP_FIRST, rows2, offs_m2, out_mask2, TAIL_FOLD)
+            h_ptrs = h_ptr + rows[:, None] * N + offs_n[None, :]
+            tl.store(h_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=h_ptr.dtype.element_ty), mask=out_mask)
         elif part == BLOCK_M:
             _gated_up_rows(x_ptr, wg_ptr, wu_ptr, h_ptr, wg_desc, wu_desc, rows, offs_m, count, offs_n, valid_n,
                            out_mask, N, K, ACTIVATION, BLOCK_K, EVEN_K, EVEN_N, UPCAST, DOT_PRECISION, USE_TMA,
@@ -231,9 +185,11 @@ if HAS_TRITON:
 
 def default_config(num_tokens: int, group_size: int) -> dict:
     """Tile sizes / warps / pipeline depth for the fused gate/up GEMM (two weight tiles per stage); see the module
-    docstring for the TMA rows. 256-511 tokens: 128-token tiles of 64 columns with 4 warps (256 tokens: 107.7 µs
-    against 116.5 for 64 x 64, ``kernels_linear_sweep_moderate.json``), since stop 24 with TMA, paired tiles and
-    half-height tails (107.1 -> 99.8 µs, ``kernels_linear_sweep_paired.json``)."""
+    docstring for the TMA rows. 256-511 tokens: 128-token tiles of 64 columns (256 tokens: 107.7 µs against 116.5
+    for 64 x 64, ``kernels_linear_sweep_moderate.json``), since stop 24 with TMA, paired tiles and half-height tails
+    (107.1 -> 99.8 µs, ``kernels_linear_sweep_paired.json``), since stop 38 with 8 warps instead of 4 (the one
+    warpgroup held 255 registers per thread, ``results/ncu_gate_up_256.txt``; 98.6 / 99.2 -> 95.8 / 95.8 µs at 50% /
+    trained masks in 3 interleaved rounds, outputs bit-equal, ``kernels_linear_sweep_gate_up_tail_fold.json``)."""
     block_n = min(128, max(16, next_pow2(group_size)))
     if interpreting():
         return dict(BLOCK_M=32, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=1)
@@ -243,7 +199,7 @@ def default_config(num_tokens: int, group_size: int) -> dict:
         return dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True, TAIL_SPLIT=2,
                     ACTIVE_FIRST=True)
     if num_tokens >= 256:
-        return dict(BLOCK_M=128, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=4, TMA=True,
+        return dict(BLOCK_M=128, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=8, num_stages=4, TMA=True,
                     TAIL_SPLIT=2)
     return dict(BLOCK_M=64, BLOCK_N=min(block_n, 64), BLOCK_K=64, num_warps=4, num_stages=3)
 
@@ -290,7 +246,6 @@ def gated_up_gemm(
         USE_TMA=tma,
         WARP_SPECIALIZE=bool(cfg.get("WARP_SPECIALIZE", False)),
         TAIL_SPLIT=tail_split(cfg.get("TAIL_SPLIT", 1)),
-        TAIL_FOLD=tail_fold(cfg.get("TAIL_FOLD", 0), block_m),
         ACTIVE_FIRST=next_pow2(n_dim // group_size) if cfg.get("ACTIVE_FIRST", False) else 0,
         PAIRED=pair is not None,
         UP_FIRST=up_first,

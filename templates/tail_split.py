@@ -20,15 +20,4 @@ def tail_split(value) -> int:
     return int(value)
 
 
-def tail_fold(value, block_m: int) -> int:
-    """The checked ``TAIL_FOLD`` config value of the gate/up GEMM: 0 (off) or a power of two from 16 (``tl.dot``'s
-    minimum) to ``block_m``. With R > 0 the program of a group's last full token tile also computes the next tile's
-    first R list positions against the same weight tiles when the group's active tokens end there, and that tile's
-    own program only stores zeros past them: the short tail no longer reads the group's weights a second time."""
-    value = int(value)
-    if value and (value < 16 or value > block_m or value & (value - 1)):
-        raise ValueError(f"TAIL_FOLD must be 0 or a power of two from 16 to BLOCK_M ({block_m}), got {value}")
-    return value
-
-
-__all__ = ["TAIL_SPLITS", "tail_fold", "tail_split"]
+__all__ = ["TAIL_SPLITS", "tail_split"]

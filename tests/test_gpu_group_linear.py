@@ -169,34 +169,6 @@ def test_group_gemms_with_tma_weight_tiles(weights, m, kind):
         _check(q, output_group_linear_reference(x, wq, attn_mask, ATTN_GROUP, bias), attn_mask, ATTN_GROUP)
 
 
-@pytest.mark.parametrize("m", [256, 520, 1000])
-@pytest.mark.parametrize("kind", ["random", "counts"])
-def test_gated_up_gemm_tail_fold(weights, m, kind):
-    """``TAIL_FOLD`` on the Llama-3-8B gate/up weights: a group's last full 128-token tile also computes up to R
-    positions of the next tile against the same weight tiles. "counts": groups whose active tokens end 1, 31, 32, 33,
-    63, 64, 65 positions past a tile boundary (folded or not), and random groups; 8 warps (4 with R = 64 spill a
-    little), 3 or 4 stages, paired box or two, active tiles first, 128-wide tiles; every config equals the reference,
-    outputs poisoned first."""
-    gen = torch.Generator(device="cuda").manual_seed(m + len(kind))
-    wg, wu = weights["gate"].to(torch.bfloat16), weights["up"].to(torch.bfloat16)
-    x = torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
-    groups = INTER // FFN_GROUP
-    mask = _mask("random", m, groups, gen)
-    if kind == "counts":
-        for g, past in enumerate((1, 31, 32, 33, 63, 64, 65) * 4):
-            c = min(m, 128 * (1 + g % max(1, m // 128 - 1)) + past)
-            mask[:, g] = False
-            mask[torch.randperm(m, generator=gen, device="cuda")[:c], g] = True
-    expected = gated_up_groups_reference(x, wg, wu, mask, FFN_GROUP, "silu")
-    base = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=4, TMA=True, TAIL_SPLIT=2)
-    for cfg in (dict(base, TAIL_FOLD=64), dict(base, TAIL_FOLD=32), dict(base, TAIL_FOLD=64, num_stages=3),
-                dict(base, TAIL_FOLD=64, PAIRED=False), dict(base, TAIL_FOLD=32, ACTIVE_FIRST=True),
-                dict(base, TAIL_FOLD=32, BLOCK_N=128), dict(base, TAIL_FOLD=64, num_warps=4)):
-        h = gated_up_groups(x, wg, wu, mask, FFN_GROUP, "silu", path="gemm", config=cfg,
-                            out=torch.full((m, INTER), float("nan"), dtype=torch.bfloat16, device="cuda"))
-        _check(h, expected, mask, FFN_GROUP)
-
-
 def _rope_tables(m: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim)
     angles = torch.arange(m, device="cuda").float()[:, None] * inv
