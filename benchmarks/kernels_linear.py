@@ -24,7 +24,6 @@ The ops and mask kinds are in ``kernels_linear_ops.py``; the configuration grids
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -44,7 +43,7 @@ from wide_compile.templates.group_linear import (
 from kernels_linear_ops import (  # noqa: E402  (benchmarks/ is the script's directory)
     MASKS, MS, OPS, TRAINED, TRAINED_MASKS, group_count, make_mask, mask_family,
 )
-from kernels_linear_sweeps import FLAGS as SWEEP_FLAGS, SWEEPS, chosen_grid  # noqa: E402
+from kernels_linear_sweeps import FLAGS as SWEEP_FLAGS, SWEEPS, chosen_grid, takes_token_counts  # noqa: E402
 from kernels_targets import linear_targets  # noqa: E402
 from stream_read import READ_VARIANTS, all_variant_fns  # noqa: E402
 
@@ -465,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants")
     for name, (make, out, what) in SWEEP_FLAGS.items():
-        counts = "; --ms: token counts" if inspect.signature(make).parameters else ""
+        counts = "; --ms: token counts" if takes_token_counts(make) else ""
         ap.add_argument(f"--sweep-{name}", action="store_true", help=f"time {what} instead ({out}{counts})")
     ap.add_argument("--repeat", type=int, default=1, help="sweeps: interleaved timing rounds per configuration "
                     "(the median is reported)")

@@ -503,12 +503,16 @@ FLAGS = {
 }
 
 
+def takes_token_counts(make) -> bool:
+    """Whether a grid function takes ``--ms``'s token counts (its first parameter)."""
+    return bool(inspect.signature(make).parameters)
+
+
 def chosen_grid(flags: dict, ms: tuple) -> tuple[list | None, str] | None:
     """``(grid, result file)`` of the first ``--sweep-*`` flag set in ``flags`` (argparse's attribute -> value; the
     grid at ``ms`` where given and it takes token counts), ``(None, ...)`` for ``--sweep`` alone (``SWEEPS``), or
     None."""
     for name, (make, out, _what) in FLAGS.items():
         if flags.get("sweep_" + name.replace("-", "_")):
-            takes_ms = bool(inspect.signature(make).parameters)
-            return (make(ms) if ms and takes_ms else make()), out
+            return (make(ms) if ms and takes_token_counts(make) else make()), out
     return (None, "kernels_linear_sweep.json") if flags.get("sweep") else None
