@@ -380,6 +380,24 @@ def input_moderate_gemv_sweeps(ms: tuple = (32, 64, 128, 256)) -> list:
     return out
 
 
+def input_wide_moderate_sweeps(ms: tuple = (48, 64, 96, 128)) -> list:
+    """The input-group GEMV above 32 tokens with the 128-row, 8-warp tiles it takes at 4-32 tokens (every group walked,
+    unused groups' weight loads predicated off: ``ALL_GROUPS``), against cuBLAS (``path="dense"``, the default there:
+    on the input as it is for ``down_pm``, after the masking launch for ``down``). Stop 32's moderate sweep timed
+    only 4-warp tiles above 32 tokens (64 tokens: 42.5 µs against cuBLAS's 39.0); the down projection at 64 tokens
+    is at 72% of its byte bound on cuBLAS (``kernels_linear_sweep_input_wide_moderate.json``)."""
+    def g(split: int, m: int, block_n: int = 128, warps: int = 8, most: int = 4) -> dict:
+        fit = _pipeline_stages(block_n, 128, _token_tile(m), 2, most=most)
+        return dict(path="gemv", ALL_GROUPS=True, BLOCK_N=block_n, BLOCK_K=128, num_warps=warps, num_stages=fit,
+                    SPLIT=split)
+
+    out = []
+    for m in ms:
+        configs = [dict(path="dense"), g(4, m), g(2, m), g(8, m), g(4, m, most=3), g(4, m, block_n=64, warps=4, most=5)]
+        out += [(op, m, mask, configs) for op in ("down_pm", "down") for mask in ("rand50", TRAINED)]
+    return out
+
+
 def gated_wide_rows_sweeps(ms: tuple = (64, 32)) -> list:
     """The fused gate/up GEMV at 32-64 tokens with 128-row tiles (one group's gate and up rows per program, 112
     programs for 132 SMs) against its default 64-row tiles (224 programs): every program reads the whole token tile
@@ -494,6 +512,8 @@ FLAGS = {
                        "the input-group GEMV against cuBLAS on the masked input at 32-256 tokens (down / o_proj)"),
     "output-dense": (output_dense_sweeps, "kernels_linear_sweep_output_dense.json",
                      "the query projection's GEMM against cuBLAS with the inactive outputs zeroed at 192-1024 tokens"),
+    "input-wide-moderate": (input_wide_moderate_sweeps, "kernels_linear_sweep_input_wide_moderate.json",
+                            "the input-group GEMV's 128-row, 8-warp tiles against cuBLAS at 48-128 tokens (down)"),
     "gated-wide-rows": (gated_wide_rows_sweeps, "kernels_linear_sweep_gated_wide_rows.json",
                         "the fused gate/up GEMV with 128-row tiles against its 64-row default at 32-64 tokens"),
     "prefill-order": (prefill_order_sweeps, "kernels_linear_sweep_prefill_order.json", "the prefill gate/up and "

@@ -112,7 +112,31 @@ def linear_cases(gen, tokens_list) -> list[bool]:
         fmask = mask.to(torch.bfloat16)  # the routers' masks: bf16 0 / 1, read by the row kernel as int16 bits
         out.append(_close("input_group_linear M=1, 2100 rows (row kernel, bf16 mask)",
                           input_group_linear(h, w_in, fmask, big), input_group_linear_reference(h, w_in, fmask, big)))
+        out += union_bits_cases(gen)
         out += two_pass_list_cases(gen, w, wg, wu, gs)
+    return out
+
+
+def union_bits_cases(gen) -> list[bool]:
+    """The input-group GEMV's ``BITS`` default (``gemv_decode._union_bits_applies``: a pre-masked input at 1-16 tokens,
+    at most 128 groups of at most 128 channels, at least 2048 rows): 2100 ragged rows over 75 groups of 128 (the union
+    spans both of its 64-bit words), at 1, 3 and 16 tokens; one token also with the input not zeroed outside its
+    groups (``input_groups_gemv`` treats one token as pre-masked since stop 38). ``ROWS=0``: this 38 MB weight would
+    take the row kernel at one token (``gemv_rows.applies``), the 8B down projection (117 MB) takes ``BITS``."""
+    out, mma = [], dict(ROWS=0)
+    rows, groups, gs = 2100, 75, 128
+    w_in = _randn(rows, groups * gs, gen=gen) / (groups * gs) ** 0.5
+    for m in (1, 3, 16):
+        mask = _rand(m, groups, gen=gen) < 0.5
+        h = _randn(m, groups * gs, gen=gen) * mask.repeat_interleave(gs, dim=1)
+        out.append(_close(f"input_group_linear M={m}, 2100 rows, 75 groups, pre-masked (BITS)",
+                          input_group_linear(h, w_in, mask, gs, x_is_masked=True, config=mma),
+                          input_group_linear_reference(h, w_in, mask, gs)))
+        if m == 1:
+            raw = _randn(m, groups * gs, gen=gen)
+            out.append(_close("input_group_linear M=1, 2100 rows, 75 groups, input not masked (BITS)",
+                              input_group_linear(raw, w_in, mask, gs, config=mma),
+                              input_group_linear_reference(raw, w_in, mask, gs)))
     return out
 
 
