@@ -380,7 +380,7 @@ def input_moderate_gemv_sweeps(ms: tuple = (32, 64, 128, 256)) -> list:
     return out
 
 
-def input_wide_moderate_sweeps(ms: tuple = (48, 64, 96, 128)) -> list:
+def input_wide_moderate_sweeps(ms: tuple = (48, 64, 96, 128), ops: tuple = ("down_pm", "down")) -> list:
     """The input-group GEMV above 32 tokens with the 128-row, 8-warp tiles it takes at 4-32 tokens (every group walked,
     unused groups' weight loads predicated off: ``ALL_GROUPS``), against cuBLAS (``path="dense"``, the default there:
     on the input as it is for ``down_pm``, after the masking launch for ``down``). Stop 32's moderate sweep timed
@@ -394,8 +394,14 @@ def input_wide_moderate_sweeps(ms: tuple = (48, 64, 96, 128)) -> list:
     out = []
     for m in ms:
         configs = [dict(path="dense"), g(4, m), g(2, m), g(8, m), g(4, m, most=3), g(4, m, block_n=64, warps=4, most=5)]
-        out += [(op, m, mask, configs) for op in ("down_pm", "down") for mask in ("rand50", TRAINED)]
+        out += [(op, m, mask, configs) for op in ops for mask in ("rand50", TRAINED)]
     return out
+
+
+def input_wide_moderate_o_proj_sweeps(ms: tuple = (48, 64)) -> list:
+    """``input_wide_moderate_sweeps`` on the output projection (groups of 512, K = 4096): its 128-row tiles
+    (``kernels_linear_sweep_input_wide_moderate_o_proj.json``)."""
+    return input_wide_moderate_sweeps(ms, ops=("o_proj",))
 
 
 def gated_wide_rows_sweeps(ms: tuple = (64, 32)) -> list:
@@ -514,6 +520,9 @@ FLAGS = {
                      "the query projection's GEMM against cuBLAS with the inactive outputs zeroed at 192-1024 tokens"),
     "input-wide-moderate": (input_wide_moderate_sweeps, "kernels_linear_sweep_input_wide_moderate.json",
                             "the input-group GEMV's 128-row, 8-warp tiles against cuBLAS at 48-128 tokens (down)"),
+    "input-wide-moderate-o-proj": (input_wide_moderate_o_proj_sweeps,
+                                   "kernels_linear_sweep_input_wide_moderate_o_proj.json",
+                                   "the same on the output projection at 48-64 tokens"),
     "gated-wide-rows": (gated_wide_rows_sweeps, "kernels_linear_sweep_gated_wide_rows.json",
                         "the fused gate/up GEMV with 128-row tiles against its 64-row default at 32-64 tokens"),
     "prefill-order": (prefill_order_sweeps, "kernels_linear_sweep_prefill_order.json", "the prefill gate/up and "
