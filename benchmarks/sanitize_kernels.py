@@ -278,7 +278,7 @@ def main() -> int:
         print("needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1)")
         return 2
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    tokens_list = (1, 70) if args.quick else (1, 5, 16, 24, 70, 300)
+    tokens_list = (1, 70) if args.quick else (1, 5, 16, 24, 48, 70, 300)
     families = {"linear": lambda: linear_cases(gen, tokens_list), "router": lambda: router_cases(gen, tokens_list),
                 "attention": lambda: attention_cases(gen), "shared": lambda: shared_order_cases(gen)}
     results = [ok for name, run in families.items() if args.only in (None, name) for ok in run()]

@@ -1,4 +1,4 @@
-"""GEMVs for few tokens (decode; output groups up to 128 tokens, input groups up to 32) that read only the weight
+"""GEMVs for few tokens (decode; output groups up to 128 tokens, input groups up to 64) that read only the weight
 rows / columns of groups active for ANY token, once for all tokens.
 
 Both kernels are swap-AB matrix-vector products: a program owns ``BLOCK_N`` weight rows, the weight
@@ -422,7 +422,7 @@ SHORT_INPUT_MAX_K = 14336  # one token over at most this many input channels: on
 SHORT_INPUT_MIN_ROWS = 2048  # ... when that still gives 64 programs (measured at 4096 rows only)
 ALL_GROUPS_MIN_TOKENS = 2  # from this many tokens: no union list, every group with predicated weight loads
 WIDE_INPUT_TILE_MIN_TOKENS = 4  # ... and from this many, 128-row tiles with 8 warps
-ALL_GROUPS_MAX_TOKENS = 32  # ... up to this many (the measured range; the GEMV is the default up to 32)
+ALL_GROUPS_MAX_TOKENS = 64  # ... up to this many (the measured range; the GEMV is the default up to 64)
 BITS_MAX_TOKENS = 16  # pre-masked input, groups of one K step: the union as bits (BITS), unsplit 32-row tiles
 
 
@@ -462,7 +462,12 @@ def input_config(group_size: int, num_tokens: int = 0, num_groups: int = 0, n_di
     31.0 and 28.6 / 28.2, 8 tokens 33.4 / 32.4 and 31.1 / 30.3, 16 tokens 33.8 / 32.7 and 32.7 / 31.6, 32 tokens
     35.1 / 33.8 and 34.6 / 33.3; o_proj 8 tokens 12.5 / 12.4 and 11.2 / 11.0; 2 tokens with the default tiles: down
     27.1 / 26.5 and 25.0 / 24.9. One token keeps the list (walking all groups took twice as long at 50%); above
-    ``ALL_GROUPS_MAX_TOKENS`` (a forced GEMV) the earlier tiles and the list stay.
+    ``ALL_GROUPS_MAX_TOKENS`` (a forced GEMV) the earlier tiles and the list stay. Stop 39 took the 128-row tiles to 64
+    tokens (``kernels_linear_sweep_input_wide_moderate.json`` / ``_o_proj.json``, 3 interleaved rounds, input masked in
+    the kernel, µs, 50% / trained masks, against cuBLAS after the masking launch): down 48 tokens 36.3 / 35.8 against
+    37.6 / 37.5, 64 tokens 36.5 / 36.1 against 39.0 / 39.0; o_proj 48 tokens 14.7 / 14.4 against 16.3 / 16.2, 64
+    tokens 14.9 / 14.3 against 14.6 / 14.4. At 96 and 128 tokens cuBLAS is faster (down 41.1 / 41.6 against 44.3 /
+    45.0), and 2 or 8 splits, 3 stages or 64-row tiles were slower at every count.
 
     A pre-masked input (the model's down projection) at 1-``BITS_MAX_TOKENS`` tokens takes ``BITS`` (each program
     holds the union as bits in registers, ``group_bits.py``: no load in the K loop) with unsplit 32-row tiles and 8

@@ -7,7 +7,7 @@
 Inputs may carry leading batch dims (``x[..., K]``, ``mask[..., G]``): they are flattened and restored.
 Dtypes: bf16 / fp16 (fp32 accepted; computed with IEEE fp32 dots). Non-contiguous inputs are made
 contiguous. With few tokens the GEMVs run (they read only the weight of groups active for some token of the batch,
-once for all tokens): up to 32 tokens for ``input_group_linear`` (16 on a pre-masked input), 64 for
+once for all tokens): up to 64 tokens for ``input_group_linear`` (16 on a pre-masked input), 64 for
 ``gated_up_groups`` and 128 for ``output_group_linear`` (``GEMV_MAX_TOKENS``). Above, ``output_group_linear`` runs
 cuBLAS and zeroes the inactive outputs up to ``DENSE_OUTPUT_MAX_TOKENS``, ``input_group_linear`` cuBLAS on the masked
 input; otherwise the prefill GEMMs, which need a ``GroupPlan`` (pass the one from ``build_group_plan(mask)`` to share
@@ -41,11 +41,14 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The input-group GEMV (down / output projection, input masked in its loads) against cuBLAS on the input masked by
 # zero_groups.py, Llama-3-8B at 50%, random / trained masks, µs (kernels_linear_sweep_input_moderate.json): down 32
 # tokens 34.7 / 34.0 against 36.0 / 35.9, 64 tokens 42.5 / 43.0 against 39.0 / 39.1; output projection 32 tokens
-# 13.5 / 13.1 against 15.9 / 15.8, 64 tokens 15.0 / 14.8 against 14.3 / 14.2.
+# 13.5 / 13.1 against 15.9 / 15.8, 64 tokens 15.0 / 14.8 against 14.3 / 14.2. Since stop 39 with 128-row tiles and 8
+# warps up to 64 tokens (kernels_linear_sweep_input_wide_moderate.json / _o_proj.json): down 64 tokens 36.5 / 36.1
+# against 39.0 / 39.0, output projection 48 tokens 14.7 / 14.4 against 16.3 / 16.2, 64 tokens 14.9 / 14.3 against
+# 14.6 / 14.4; at 96-128 tokens cuBLAS wins again (down 96: 44.3 against 41.1).
 # An input already zero outside each token's groups (``x_is_masked``, the down projection after gate/up) needs no
 # masking pass before cuBLAS, which then beats the GEMV on i.i.d. masks from 8 tokens on (down, 8 / 16 tokens: 33.4 /
 # 33.8 against 32.4 / 32.8 µs, results/kernels_linear.md): such inputs keep the GEMV to a decode step's 16 tokens.
-GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 64, "input_group_linear": 32}
+GEMV_MAX_TOKENS = {"output_group_linear": 128, "gated_up_groups": 64, "input_group_linear": 64}
 MASKED_INPUT_GEMV_MAX_TOKENS = DECODE_MAX_TOKENS
 # Above the GEMV and up to this many tokens the output-group op runs cuBLAS on the whole weight and zeroes the inactive
 # groups' outputs: a few dozen tokens with i.i.d. masks use every group, and the GEMM over per-group token lists pays

@@ -737,12 +737,13 @@ def test_decode_configs_at_one_token(k, monkeypatch):
     (2, dict(BLOCK_N=64, num_warps=4, num_stages=5, ALL_GROUPS=True)),
     (4, dict(BLOCK_N=128, num_warps=8, num_stages=4, ALL_GROUPS=True)),
     (32, dict(BLOCK_N=128, num_warps=8, num_stages=4, ALL_GROUPS=True)),
-    (33, dict(BLOCK_N=64, num_warps=4, num_stages=5, ALL_GROUPS=False)),
+    (64, dict(BLOCK_N=128, num_warps=8, num_stages=4, ALL_GROUPS=True)),
+    (65, dict(BLOCK_N=64, num_warps=4, num_stages=4, ALL_GROUPS=False)),
 ])
 def test_input_gemv_walks_all_groups_from_two_tokens(k, monkeypatch, tokens, expected):
-    """2-32 tokens (H200, kernels_linear_sweep_input_all_groups.json): no union list, weight loads of unused groups
-    predicated off; 128-row tiles with 8 warps from 4 tokens; a forced GEMV above 32 tokens keeps the earlier
-    defaults."""
+    """2-64 tokens (H200, kernels_linear_sweep_input_all_groups.json, _input_wide_moderate.json): no union list,
+    weight loads of unused groups predicated off; 128-row tiles with 8 warps from 4 tokens; a forced GEMV above 64
+    tokens keeps the earlier defaults."""
     gemv = k["gemv_decode"]
     monkeypatch.setattr(gemv, "interpreting", lambda: False)
     cfg = gemv.input_config(128, num_tokens=tokens, num_groups=112, n_dim=4096)
@@ -770,7 +771,7 @@ def test_input_gemv_walks_union_bits_for_premasked_inputs(k, monkeypatch):
 
 @pytest.mark.parametrize(("op", "tokens", "gemv"), [
     ("output_group_linear", 128, True), ("output_group_linear", 129, False), ("gated_up_groups", 64, True),
-    ("gated_up_groups", 65, False), ("input_group_linear", 32, True), ("input_group_linear", 33, False)])
+    ("gated_up_groups", 65, False), ("input_group_linear", 64, True), ("input_group_linear", 65, False)])
 def test_auto_path_takes_the_gemv_up_to_its_token_limit(k, monkeypatch, op, tokens, gemv):
     """"auto" runs the GEMV kernel (one tile of all tokens) up to GEMV_MAX_TOKENS[op], the GEMM above; results match
     the reference either way."""
@@ -967,13 +968,13 @@ def test_input_gemv_above_sixteen_tokens(k, kind, m):
 
 def test_input_gemv_stages_fit_the_token_tile(k, monkeypatch):
     """The input-group GEMV's default pipeline is cut to what fits in shared memory: 5 stages of a 64-row weight tile
-    and a 16-token tile at 2 tokens, 4 of a 128-row tile at 16-32 tokens, and above 32 tokens (64-row tiles again) 5
-    with a 64-token tile, 4 at 128 tokens, 2 at 256; fp32 halves what fits."""
+    and a 16-token tile at 2 tokens, 4 of a 128-row tile at 16-64 tokens, and above 64 tokens (64-row tiles again) 4
+    with a 128-token tile, 2 at 256; fp32 halves what fits."""
     gemv = k["gemv_decode"]
     monkeypatch.setattr(gemv, "interpreting", lambda: False)
     stages = {m: gemv.input_config(128, num_tokens=m, num_groups=112, n_dim=4096)["num_stages"]
               for m in (2, 16, 32, 64, 128, 256)}
-    assert stages == {2: 5, 16: 4, 32: 4, 64: 5, 128: 4, 256: 2}
+    assert stages == {2: 5, 16: 4, 32: 4, 64: 4, 128: 4, 256: 2}
     assert gemv.input_config(128, num_tokens=128, num_groups=112, n_dim=4096, elem_bytes=4)["num_stages"] == 2
 
 
@@ -1001,7 +1002,7 @@ def test_output_op_takes_cublas_between_the_gemv_and_the_gemm(k, monkeypatch, ki
 @pytest.mark.parametrize(("tokens", "gemv"), [(16, True), (17, False)])
 def test_premasked_input_keeps_the_gemv_to_a_decode_step(k, monkeypatch, tokens, gemv):
     """With ``x_is_masked`` (no masking pass before cuBLAS) "auto" takes the input-group GEMV only up to
-    MASKED_INPUT_GEMV_MAX_TOKENS (16), below GEMV_MAX_TOKENS (32) for inputs it must mask itself."""
+    MASKED_INPUT_GEMV_MAX_TOKENS (16), below GEMV_MAX_TOKENS (64) for inputs it must mask itself."""
     lin, ref, decode = k["group_linear"], k["ref"], k["gemv_decode"]
     calls = []
     real = decode.input_groups_gemv
