@@ -63,7 +63,7 @@ def weights():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 4, 16, 32, 64, 100, 256, 1000, 2100])
+@pytest.mark.parametrize("m", [1, 4, 16, 32, 50, 64, 100, 256, 1000, 2100])
 @pytest.mark.parametrize("kind", ["random", "all", "none", "clustered"])
 def test_llama3_8b_shapes(weights, dtype, m, kind):
     gen = torch.Generator(device="cuda").manual_seed(m * 31 + len(kind))
